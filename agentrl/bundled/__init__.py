@@ -1,0 +1,1 @@
+"""The bundled default model: weights, tokenizer and chat template shipped in the package."""

@@ -1,0 +1,266 @@
+"""Environments in gym vocabulary, async first.
+
+``Environment`` is the protocol the rollout engine drives: ``reset(task, seed)`` gives the first
+messages, ``step(assistant_message)`` gives the environment's reply, a reward and the episode
+flags. ``ToolEnvironment`` implements both for the common case — a task dataset, tools and reward
+functions — so most environments only declare those. One instance runs one episode at a time;
+``spawn()`` makes another that shares tools (and so their concurrency limits) and datasets.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.chat.types import ParsedResponse
+from agentrl.dispatch import ToolRecord, dispatch
+from agentrl.tool import Tool, as_tool
+
+Message = dict[str, Any]
+StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
+
+
+class EnvError(RuntimeError):
+    """Misuse of an environment (step before reset, step after the end, bad task...)."""
+
+
+@dataclass
+class Reward:
+    """A named, weighted reward function.
+
+    ``fn`` may be sync or async and declares the keyword arguments it wants among: ``messages``
+    (the whole conversation), ``completion`` (text of the last assistant message), ``task`` (the
+    dataset row), ``state`` (the episode's scratch dict), ``turn``, ``tool_records``, or any column
+    of the task by name. It returns a float, or None when it does not apply (skipped, not zero).
+    ``per_turn=True`` evaluates it after every step instead of once at the end of the episode.
+    """
+
+    fn: Callable[..., float | None | Awaitable[float | None]]
+    weight: float = 1.0
+    name: str = ""
+    per_turn: bool = False
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"Reward fn must be callable, got {type(self.fn).__name__}")
+        self.name = self.name or getattr(self.fn, "__name__", "reward")
+        params = inspect.signature(self.fn).parameters.values()
+        self._takes_all = any(p.kind is p.VAR_KEYWORD for p in params)
+        self._wanted = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    async def __call__(self, context: dict[str, Any]) -> float | None:
+        kwargs = context if self._takes_all else {k: v for k, v in context.items() if k in self._wanted}
+        missing = self._wanted - set(context)
+        if missing and not self._takes_all:
+            raise TypeError(f"reward {self.name!r} asks for {sorted(missing)}, which neither the episode nor the task provides")
+        value = self.fn(**kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+        if value is None:
+            return None
+        value = float(value)
+        return None if math.isnan(value) else value
+
+
+def as_reward(obj: Reward | Callable[..., Any] | tuple[Callable[..., Any], float]) -> Reward:
+    if isinstance(obj, Reward):
+        return obj
+    if isinstance(obj, tuple):
+        return Reward(obj[0], weight=float(obj[1]))
+    return Reward(obj)
+
+
+class Environment:
+    """The protocol. Subclass it directly for anything ``ToolEnvironment`` does not fit."""
+
+    max_turns: int = 10
+
+    @property
+    def tools(self) -> list[Tool]:
+        return []
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """OpenAI-style schemas of the tools, as chat templates render them."""
+        return [t.schema for t in self.tools]
+
+    def dataset(self, split: str = "train") -> Any:
+        """The task dataset of ``split`` (a ``datasets.Dataset``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no task dataset")
+
+    async def reset(self, task: dict[str, Any] | None = None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+        raise NotImplementedError
+
+    async def step(self, message: Message | ParsedResponse) -> StepResult:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release per-episode resources (sandboxes, connections)."""
+
+    def spawn(self) -> Environment:
+        """A fresh instance for a concurrent episode; shares tools and datasets, not episode state."""
+        return copy.copy(self)
+
+    def sync(self) -> Any:
+        """A blocking wrapper for scripts and notebooks (``reset``/``step`` without ``await``)."""
+        from agentrl.sync import SyncEnvironment
+
+        return SyncEnvironment(self)
+
+
+class ToolEnvironment(Environment):
+    """Tasks + tools + rewards. The assistant calls tools until it answers without a call.
+
+    Subclasses usually set ``tools``, ``rewards`` and implement ``load_dataset(split)`` and maybe
+    ``prompt(task)``; everything can also be passed to ``__init__``.
+    """
+
+    system_prompt: str | None = None
+
+    def __init__(
+        self,
+        tools: Sequence[Tool | Callable[..., Any]] | None = None,
+        rewards: Sequence[Reward | Callable[..., Any]] | None = None,
+        datasets: dict[str, Any] | None = None,
+        system_prompt: str | None = None,
+        max_turns: int | None = None,
+    ) -> None:
+        if tools is not None:
+            self._tools = [as_tool(t) for t in tools]
+        if rewards is not None:
+            self._rewards = [as_reward(r) for r in rewards]
+        if datasets is not None:
+            self._datasets = dict(datasets)
+        if system_prompt is not None:
+            self.system_prompt = system_prompt
+        if max_turns is not None:
+            self.max_turns = max_turns
+        self._episode: dict[str, Any] | None = None
+
+    # -- declarations (override or pass to __init__) -------------------------------------------
+
+    @property
+    def tools(self) -> list[Tool]:
+        return list(self.__dict__.get("_tools", []))
+
+    @property
+    def rewards(self) -> list[Reward]:
+        return list(self.__dict__.get("_rewards", []))
+
+    def load_dataset(self, split: str) -> Any:
+        datasets = self.__dict__.get("_datasets")
+        if not datasets:
+            raise NotImplementedError(f"{type(self).__name__} needs load_dataset(split) or datasets={{split: Dataset}}")
+        if split not in datasets:
+            raise KeyError(f"{type(self).__name__} has no {split!r} split; it has {sorted(datasets)}")
+        return datasets[split]
+
+    def prompt(self, task: dict[str, Any]) -> list[Message]:
+        """The opening messages of an episode. Default: system prompt + the task's ``prompt`` or ``question``."""
+        text = task.get("prompt", task.get("question"))
+        if isinstance(text, list):
+            return copy.deepcopy(text)
+        if not isinstance(text, str):
+            raise EnvError(f"{type(self).__name__}: task has no 'prompt' or 'question' text; override prompt(task)")
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": text})
+        return messages
+
+    def dataset(self, split: str = "train") -> Any:
+        cache = self.__dict__.setdefault("_dataset_cache", {})
+        if split not in cache:
+            cache[split] = self.load_dataset(split)
+        return cache[split]
+
+    # -- the episode ----------------------------------------------------------------------------
+
+    async def reset(self, task: dict[str, Any] | None = None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+        rng = random.Random(seed)
+        if task is None:
+            data = self.dataset("train")
+            if len(data) == 0:
+                raise EnvError(f"{type(self).__name__}: the train split is empty")
+            task = dict(data[rng.randrange(len(data))])
+        elif not isinstance(task, dict):
+            raise EnvError(f"{type(self).__name__}.reset: task must be a dict (a dataset row), got {type(task).__name__}")
+        messages = self.prompt(dict(task))
+        self._episode = {
+            "task": dict(task),
+            "messages": copy.deepcopy(messages),
+            "turn": 0,
+            "state": {},
+            "tool_records": [],
+            "done": False,
+            "rng": rng,
+        }
+        self.rng = rng
+        return copy.deepcopy(messages), {"task": dict(task), "tools": self.tool_schemas()}
+
+    async def step(self, message: Message | ParsedResponse) -> StepResult:
+        ep = self._episode
+        if ep is None:
+            raise EnvError(f"{type(self).__name__}.step called before reset")
+        if ep["done"]:
+            raise EnvError(f"{type(self).__name__}.step called after the episode ended; call reset")
+        if isinstance(message, ParsedResponse):
+            message = message.to_message()
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            raise EnvError("step expects the assistant message (a dict with role 'assistant')")
+        ep["messages"].append(copy.deepcopy(message))
+        ep["turn"] += 1
+
+        new_messages: list[Message] = []
+        records: list[ToolRecord] = []
+        calls = message.get("tool_calls") or []
+        if calls:
+            tool_map = {t.tool_name: t for t in self.tools}
+            injected = {"state": ep["state"], "task": ep["task"], "env": self}
+            for result in await dispatch(calls, tool_map, injected):
+                new_messages.append(result.message)
+                records.append(result.record)
+            ep["messages"].extend(copy.deepcopy(new_messages))
+            ep["tool_records"].extend(records)
+        terminated = not calls
+        truncated = not terminated and ep["turn"] >= self.max_turns
+        ep["done"] = terminated or truncated
+
+        context = self._reward_context(ep)
+        components: dict[str, float | None] = {}
+        reward = 0.0
+        for r in self.rewards:
+            if r.per_turn or ep["done"]:
+                value = await r(context)
+                components[r.name] = value
+                if value is not None:
+                    reward += r.weight * value
+        info = {"rewards": components, "tool_records": [rec.to_dict() for rec in records], "turn": ep["turn"]}
+        return new_messages, reward, terminated, truncated, info
+
+    def _reward_context(self, ep: dict[str, Any]) -> dict[str, Any]:
+        last = next((m for m in reversed(ep["messages"]) if m.get("role") == "assistant"), {})
+        context = dict(ep["task"])
+        context.update(
+            messages=ep["messages"],
+            completion=last.get("content") or "",
+            task=ep["task"],
+            state=ep["state"],
+            turn=ep["turn"],
+            tool_records=ep["tool_records"],
+        )
+        return context
+
+    @property
+    def episode(self) -> dict[str, Any] | None:
+        """The running episode's record (task, messages, turn, state, tool records)."""
+        return self._episode
+
+    def spawn(self) -> ToolEnvironment:
+        clone = copy.copy(self)
+        clone._episode = None
+        return clone

@@ -1,0 +1,88 @@
+"""Find environments by name: built-ins, registered names, entry points, or import specs.
+
+``make("calculator")`` — a registered name; ``make("mypkg.envs:MyEnv")`` — module and class;
+``make("path/to/file.py:MyEnv")`` — a file; third-party packages register through the
+``agentrl.environments`` entry-point group (``name = "module:Class"``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+ENTRY_POINT_GROUP = "agentrl.environments"
+
+_REGISTRY: dict[str, str | Callable[..., Any]] = {
+    "calculator": "agentrl.environments.calculator:CalculatorEnv",
+}
+
+
+class UnknownEnvironment(LookupError):
+    """No environment matches a spec; the message lists what is known."""
+
+
+def register(name: str, target: str | Callable[..., Any], *, overwrite: bool = False) -> None:
+    """Register ``target`` (a class, a factory or a ``"module:Class"`` string) under ``name``."""
+    if name in _REGISTRY and not overwrite and _REGISTRY[name] != target:
+        raise ValueError(f"environment {name!r} is already registered; pass overwrite=True to replace it")
+    _REGISTRY[name] = target
+
+
+def registered() -> list[str]:
+    """Names known to ``make``: built-ins, ``register`` calls and installed entry points."""
+    return sorted(set(_REGISTRY) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def make(spec: str, **kwargs: Any) -> Any:
+    """Build an environment from a name or an import spec, passing ``kwargs`` to its constructor."""
+    return resolve(spec)(**kwargs)
+
+
+def resolve(spec: str) -> Callable[..., Any]:
+    """The class or factory behind ``spec``."""
+    if not isinstance(spec, str) or not spec:
+        raise UnknownEnvironment(f"environment spec must be a non-empty string, got {spec!r}")
+    if spec in _REGISTRY:
+        target = _REGISTRY[spec]
+        return _load(target) if isinstance(target, str) else target
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == spec:
+            return ep.load()
+    if ":" in spec:
+        return _load(spec)
+    raise UnknownEnvironment(
+        f"unknown environment {spec!r}. Known: {', '.join(registered())}. "
+        "Or give 'package.module:Class' or 'path/to/file.py:Class'."
+    )
+
+
+def _load(target: str) -> Callable[..., Any]:
+    where, _, attr = target.rpartition(":")
+    if not where or not attr:
+        raise UnknownEnvironment(f"bad environment spec {target!r}: expected 'module:Class' or 'file.py:Class'")
+    if where.endswith(".py"):
+        path = Path(where).expanduser().resolve()
+        if not path.is_file():
+            raise UnknownEnvironment(f"environment file not found: {path}")
+        mod_name = f"agentrl_user_env_{abs(hash(str(path)))}"
+        module = sys.modules.get(mod_name)
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(mod_name, path)
+            assert module_spec and module_spec.loader
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[mod_name] = module
+            module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise UnknownEnvironment(f"cannot import {where!r} for environment spec {target!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise UnknownEnvironment(f"{where!r} has no attribute {attr!r} (environment spec {target!r})") from None

@@ -1,0 +1,136 @@
+"""The calculator environment: arithmetic questions answered with a calculator tool.
+
+Tasks are generated from a seed. Difficulty ``d`` means ``d`` operations, e.g. level 1
+"What is 37 + 45?", level 2 "What is (37 + 45) * 3?". With ``max_ops_per_call=1`` (the default)
+the tool does one operation per call, so a level-``d`` task needs ``d`` calls. The test split is
+generated from its own seed and every test question is removed from train, so training never
+sees it. Reward: 1 for the exact final answer; an optional small format reward.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import Any
+
+from datasets import Dataset
+
+from agentrl.env import Reward, ToolEnvironment
+from agentrl.tools.calculator import Calculator, format_number
+
+ANSWER_RE = re.compile(r"answer is\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+QUESTION_FORMS = ("What is {}?", "Compute {}.", "Calculate {}.")
+SPLIT_SEEDS = {"train": 1, "test": 2}
+
+
+def extract_answer(text: str) -> str | None:
+    """The number after "answer is", else the last number in the text."""
+    match = ANSWER_RE.search(text or "")
+    if match:
+        return match.group(1)
+    numbers = NUMBER_RE.findall(text or "")
+    return numbers[-1] if numbers else None
+
+
+def correct(completion: str, answer: str) -> float:
+    """1.0 when the final message's answer equals the task's answer exactly."""
+    found = extract_answer(completion)
+    if found is None:
+        return 0.0
+    try:
+        return float(Fraction(found) == Fraction(answer))
+    except (ValueError, ZeroDivisionError):
+        return 0.0
+
+
+def well_formatted(completion: str, tool_records: list[Any]) -> float:
+    """1.0 when at least one tool call was made, none was malformed, and the answer is stated as asked."""
+    malformed = {"bad_json", "bad_args", "unknown_tool"}
+    if not tool_records or any(r.kind in malformed for r in tool_records):
+        return 0.0
+    return float(ANSWER_RE.search(completion or "") is not None)
+
+
+def make_task(rng: random.Random, difficulty: int) -> dict[str, Any]:
+    """A task of ``difficulty`` operations, built left to right so each step is one tool call."""
+    value = Fraction(rng.randint(2, 99))
+    text = str(value)
+    steps: list[str] = []
+    for i in range(difficulty):
+        op = rng.choice("+-*/")
+        if op == "/":
+            divisors = [d for d in range(2, 13) if value % d == 0 and value != d]
+            if not divisors or value <= 0:
+                op = rng.choice("+-*")
+        if op == "+":
+            operand = rng.randint(2, 99)
+        elif op == "-":
+            operand = rng.randint(2, 99)
+        elif op == "*":
+            operand = rng.randint(2, 12) if abs(value) > 99 else rng.randint(2, 20)
+        else:
+            operand = rng.choice(divisors)
+        expression = f"{format_number(value)} {op} {operand}"
+        value = {"+": value + operand, "-": value - operand, "*": value * operand, "/": value / operand}[op]
+        steps.append(expression)
+        text = f"{text} {op} {operand}" if i == 0 else f"({text}) {op} {operand}"
+    return {
+        "question": rng.choice(QUESTION_FORMS).format(text),
+        "answer": format_number(value),
+        "expression": text,
+        "difficulty": difficulty,
+        "steps": steps,
+    }
+
+
+def generate_tasks(n: int, seed: int, difficulty: Sequence[int]) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    levels = list(difficulty)
+    return [make_task(rng, rng.choice(levels)) for _ in range(n)]
+
+
+class CalculatorEnv(ToolEnvironment):
+    """Arithmetic with a calculator tool.
+
+    Args:
+        difficulty: operation counts to draw tasks from (1 = one call ... 3 = three calls).
+        max_ops_per_call: operations the tool accepts per call (None = any expression).
+        num_train / num_test: split sizes.
+        seed: offsets the split seeds, for a different but reproducible task set.
+        format_weight: weight of the format reward (0 disables it).
+        max_turns: assistant turns before the episode is truncated.
+    """
+
+    def __init__(
+        self,
+        difficulty: Sequence[int] | int = (1, 2),
+        max_ops_per_call: int | None = 1,
+        num_train: int = 20000,
+        num_test: int = 500,
+        seed: int = 0,
+        format_weight: float = 0.0,
+        max_turns: int = 6,
+    ) -> None:
+        levels = (difficulty,) if isinstance(difficulty, int) else tuple(difficulty)
+        if not levels or any(not isinstance(d, int) or d < 1 or d > 6 for d in levels):
+            raise ValueError(f"difficulty must be levels between 1 and 6, got {difficulty!r}")
+        rewards = [Reward(correct, weight=1.0, name="correct")]
+        if format_weight:
+            rewards.append(Reward(well_formatted, weight=format_weight, name="format"))
+        super().__init__(tools=[Calculator(max_ops=max_ops_per_call)], rewards=rewards, max_turns=max_turns)
+        self.levels = levels
+        self.num_train, self.num_test, self.seed = num_train, num_test, seed
+
+    def load_dataset(self, split: str) -> Dataset:
+        if split not in SPLIT_SEEDS:
+            raise KeyError(f"calculator has splits {sorted(SPLIT_SEEDS)}, not {split!r}")
+        test = generate_tasks(self.num_test, SPLIT_SEEDS["test"] + 1000 * self.seed, self.levels)
+        if split == "test":
+            return Dataset.from_list(test)
+        held_out = {t["question"] for t in test} | {t["expression"] for t in test}
+        train = generate_tasks(2 * self.num_train + self.num_test, SPLIT_SEEDS["train"] + 1000 * self.seed, self.levels)
+        train = [t for t in train if t["question"] not in held_out and t["expression"] not in held_out]
+        return Dataset.from_list(train[: self.num_train])

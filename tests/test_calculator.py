@@ -1,0 +1,135 @@
+"""The calculator tool's safe parser, the task generator and the reward."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import anyio
+import pytest
+
+from agentrl import dispatch, make
+from agentrl.chat.types import ToolCall
+from agentrl.environments.calculator import correct, extract_answer, generate_tasks, well_formatted
+from agentrl.dispatch import ToolRecord
+from agentrl.tools.calculator import Calculator, CalculatorError, evaluate, format_number
+
+
+@pytest.mark.parametrize(
+    "expr, value",
+    [
+        ("1 + 2 * 3", 7),
+        ("(1 + 2) * 3", 9),
+        ("-3 - -4", 1),
+        ("2 ** 3 ** 2", 512),
+        ("-2 ** 2", -4),
+        ("7 / 2", Fraction(7, 2)),
+        ("7 // 2", 3),
+        ("7 % 4", 3),
+        ("0.1 + 0.2", Fraction(3, 10)),
+        ("  12*7 ", 84),
+    ],
+)
+def test_evaluate(expr, value):
+    assert evaluate(expr) == value
+
+
+def test_evaluate_agrees_with_python_on_random_expressions():
+    rng = random.Random(0)
+    for _ in range(300):
+        parts = [str(rng.randint(0, 50))]
+        for _ in range(rng.randint(1, 4)):
+            parts += [rng.choice(["+", "-", "*"]), str(rng.randint(0, 50))]
+        expr = " ".join(parts)
+        assert evaluate(expr) == eval(expr)  # noqa: S307 - trusted, generated digits and operators only
+
+
+@pytest.mark.parametrize(
+    "expr, message",
+    [
+        ("1 / 0", "division by zero"),
+        ("5 % (2 - 2)", "division by zero"),
+        ("__import__('os')", "cannot read"),
+        ("2 +", "ends too early"),
+        ("(1 + 2", "ends too early"),
+        ("1 2", "unexpected '2'"),
+        ("", "empty expression"),
+        ("9 ** 9 ** 9", "exponent larger"),
+        ("2 ** 0.5", "whole-number exponents"),
+        ("9" * 70, "too large"),
+        ("1+" * 150 + "1", "longer than"),
+        ("((((((((((((((((((((((((((((((((((1))))))))))))))))))))))))))))))))))", "nested"),
+    ],
+)
+def test_evaluate_refuses_clearly(expr, message):
+    with pytest.raises(CalculatorError, match=message):
+        evaluate(expr)
+
+
+def test_format_number():
+    assert format_number(Fraction(84)) == "84"
+    assert format_number(Fraction(7, 2)) == "3.5"
+    assert format_number(Fraction(1, 3)) == "0.3333333333"
+
+
+def test_tool_one_operation_per_call():
+    calc = Calculator(max_ops=1)
+    results = anyio.run(
+        dispatch,
+        [ToolCall("calculator", {"expression": "3 + 4"}), ToolCall("calculator", {"expression": "3 + 4 * 2"}), ToolCall("calculator", {"expression": "1/0"})],
+        {"calculator": calc},
+    )
+    assert [r.message["content"] for r in results] == [
+        "7",
+        "Error: this calculator does 1 operation per call; the expression has 2. Split it into steps.",
+        "Error: division by zero",
+    ]
+    assert [r.record.kind for r in results] == ["ok", "error", "error"]
+
+
+def test_tasks_are_seeded_and_solvable_step_by_step():
+    a = generate_tasks(200, seed=5, difficulty=(1, 2, 3))
+    assert a == generate_tasks(200, seed=5, difficulty=(1, 2, 3))
+    assert {t["difficulty"] for t in a} == {1, 2, 3}
+    for task in a:
+        assert len(task["steps"]) == task["difficulty"]
+        assert format_number(evaluate(task["expression"])) == task["answer"]
+        value = evaluate(task["steps"][0], max_ops=1)
+        for step in task["steps"][1:]:
+            op, operand = step.split(" ")[1:]
+            value = evaluate(f"{format_number(value)} {op} {operand}", max_ops=1)
+        assert format_number(value) == task["answer"]
+
+
+def test_reward_functions():
+    assert extract_answer("The answer is -12.") == "-12"
+    assert extract_answer("so 3 then 4") == "4"
+    assert extract_answer("nothing") is None
+    assert correct("The answer is 84.", "84") == 1.0
+    assert correct("The answer is 84.0", "84") == 1.0
+    assert correct("The answer is 85.", "84") == 0.0
+    assert correct("", "84") == 0.0
+    ok = ToolRecord("calculator", "ok", 0.0)
+    bad = ToolRecord("calculator", "bad_json", 0.0)
+    assert well_formatted("The answer is 3.", [ok]) == 1.0
+    assert well_formatted("The answer is 3.", [ok, bad]) == 0.0
+    assert well_formatted("3", [ok]) == 0.0
+    assert well_formatted("The answer is 3.", []) == 0.0
+
+
+def test_two_step_episode_scores_one():
+    env = make("calculator", difficulty=2, format_weight=0.1).sync()
+    task = next(t for t in env.dataset("test") if t["difficulty"] == 2)
+    env.reset(task=task, seed=0)
+    value = None
+    for step in task["steps"]:
+        if value is not None:
+            step = value + step[step.index(" ") :]
+        msgs, reward, term, trunc, _ = env.step(
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": step}}}]}
+        )
+        value = msgs[0]["content"]
+        assert not term and not value.startswith("Error")
+    _, reward, term, _, info = env.step({"role": "assistant", "content": f"The answer is {value}."})
+    assert term and info["rewards"] == {"correct": 1.0, "format": 1.0} and reward == pytest.approx(1.1)
+    env.close()
