@@ -1,0 +1,219 @@
+"""One tokenizer's chat format: render conversations to ids, parse generations, bridge turns.
+
+Training on multi-turn tool use needs the exact token sequence the model saw. Re-rendering the whole
+conversation after every turn is not safe: templates rewrite history (strip reasoning, re-serialise
+JSON), and a re-tokenised sample need not equal the sampled ids. So the sampled ids are kept as they
+are, and only the tokens the template adds between turns are appended, after proving in token space
+that the template does not rewrite what came before (:meth:`ChatFormat.bridge`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl.chat.parsers.base import ResponseParser
+from agentrl.chat.types import ParsedResponse, ParseIssue
+
+Message = dict[str, Any]
+# Tokens that end a document rather than a turn; a model may stop on them, so generation does.
+_DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>")
+_PROBE_REPLY = "agentrl probe reply"
+
+
+@dataclass(frozen=True)
+class BridgeResult:
+    """Ids to append after a sampled assistant turn, or ``ids=None`` and why that is not safe."""
+
+    ids: list[int] | None
+    reason: str
+
+    @property
+    def proven(self) -> bool:
+        return self.ids is not None
+
+
+class ChatFormat:
+    """Everything tokenizer- and template-specific about a chat model, in one object."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        parser: ResponseParser,
+        chat_template: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.parser = parser
+        self.chat_template = chat_template
+        self.name = name or parser.name
+        self._eot_ids, self._stop_ids = self._find_end_tokens()
+
+    def __repr__(self) -> str:
+        template = "override" if self.chat_template is not None else "tokenizer's"
+        return f"ChatFormat(name={self.name!r}, template={template}, eot={self.eot_token_ids})"
+
+    # ---------------------------------------------------------------- rendering
+    def render_text(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Message] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """The chat template's text for ``messages`` (mostly for debugging and probes)."""
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=list(tools) if tools else None,
+            chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of template text; the template writes its own BOS, so none is added (as transformers does)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ids with special tokens kept, exactly as the model produced it."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Message] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """Token ids of the conversation; equal to ``apply_chat_template(..., tokenize=True)``."""
+        return self.encode(self.render_text(messages, tools, add_generation_prompt, **template_kwargs))
+
+    # ---------------------------------------------------------------- end tokens
+    @property
+    def eot_token_ids(self) -> list[int]:
+        """Ids that close an assistant turn: the template's own turn end, then eos."""
+        return list(self._eot_ids)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Ids generation should stop on: end-of-turn ids plus document-end tokens."""
+        return list(self._stop_ids)
+
+    def _find_end_tokens(self) -> tuple[list[int], list[int]]:
+        """Read the turn-end token off a rendered probe reply, so no family needs a hard-coded list."""
+        tok = self.tokenizer
+        ids: list[int] = []
+        try:
+            text = self.render_text(
+                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE_REPLY}],
+                add_generation_prompt=False,
+            )
+            tail = text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :]
+            first = self.encode(tail)[:1]
+            if first and first[0] in set(tok.all_special_ids) | set(tok.added_tokens_decoder):
+                ids.append(first[0])
+        except Exception:  # a template that cannot render the probe: fall back to eos
+            pass
+        if tok.eos_token_id is not None and tok.eos_token_id not in ids:
+            ids.append(tok.eos_token_id)
+        stop = list(ids)
+        vocab = tok.get_vocab()
+        for token in _DOCUMENT_END_TOKENS:
+            if token in vocab and vocab[token] not in stop:
+                stop.append(vocab[token])
+        return ids, stop
+
+    # ---------------------------------------------------------------- parsing
+    def parse(self, token_ids: Sequence[int]) -> ParsedResponse:
+        """Parse a generated turn; the end-of-turn token is cut off. Never raises on model output."""
+        ids = list(token_ids)
+        stop = set(self._stop_ids)
+        cut = next((i for i, t in enumerate(ids) if t in stop), None)
+        framing: list[ParseIssue] = []
+        if cut is None:
+            framing.append(ParseIssue("truncated", "no end-of-turn token: generation stopped early (length cap?)"))
+        else:
+            if cut < len(ids) - 1:
+                framing.append(ParseIssue("tokens_after_end_of_turn", f"{len(ids) - cut - 1} ids after it, ignored"))
+            ids = ids[:cut]
+        try:
+            text = self.decode(ids)
+        except Exception as exc:  # invalid ids from a broken sampler
+            return ParsedResponse(content="", issues=[*framing, ParseIssue("decode_error", repr(exc))])
+        try:
+            result = self.parser.parse(text)
+        except Exception as exc:  # a parser bug must not kill a rollout
+            return ParsedResponse(content=text, issues=[*framing, ParseIssue("parser_error", repr(exc))])
+        result.issues = result.issues + framing
+        return result
+
+    # ---------------------------------------------------------------- bridging
+    def bridge(
+        self,
+        messages: Sequence[Message],
+        new_messages: Sequence[Message],
+        ids_so_far: Sequence[int],
+        tools: Sequence[Message] | None = None,
+        **template_kwargs: Any,
+    ) -> BridgeResult:
+        """Ids that follow ``ids_so_far`` so the model sees ``new_messages`` and a new assistant header.
+
+        ``messages`` ends with the assistant turn just parsed; ``ids_so_far`` ends with its sampled
+        ids. Proven only if render(messages) is a token prefix of render(messages + new_messages)
+        and the sampled turn ended with the template's end-of-turn token; otherwise ``ids`` is None.
+        """
+        if not messages or messages[-1].get("role") != "assistant":
+            return BridgeResult(None, "messages must end with the assistant turn that was just sampled")
+        try:
+            a = self.render(messages, tools, add_generation_prompt=False, **template_kwargs)
+            b = self.render([*messages, *new_messages], tools, add_generation_prompt=True, **template_kwargs)
+        except Exception as exc:
+            return BridgeResult(None, f"the chat template failed to render: {exc!r}")
+        eot = set(self._eot_ids)
+        last = next((i for i in range(len(a) - 1, -1, -1) if a[i] in eot), None)
+        if last is None:
+            return BridgeResult(None, f"render(messages) has no end-of-turn token {self._show(self._eot_ids)}")
+        between = a[last + 1 :]
+        if self.decode(between).strip():
+            return BridgeResult(
+                None, f"the template writes {self.decode(between)!r} after the last end-of-turn token, "
+                "so the final assistant turn does not end with one",
+            )
+        if not ids_so_far or ids_so_far[-1] != a[last]:
+            got = self._show(list(ids_so_far[-1:])) if ids_so_far else "nothing"
+            return BridgeResult(
+                None, f"the sampled ids end with {got}, not with the template's end of turn "
+                f"{self._show([a[last]])} (stopped on a length cap or another stop token?)",
+            )
+        mismatch = self._first_difference(a, b)
+        if mismatch is not None:
+            return BridgeResult(None, mismatch)
+        return BridgeResult(between + b[len(a) :], "proven: render(messages) is a token prefix of the next render")
+
+    def _first_difference(self, a: list[int], b: list[int]) -> str | None:
+        """None when ``a`` is a prefix of ``b``, else a precise description of where they part."""
+        j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if j is None:
+            if len(a) <= len(b):
+                return None
+            return (
+                f"not prefix-preserving: the next render is shorter ({len(b)} ids) than render(messages) "
+                f"({len(a)} ids), which continues with {self.decode(a[len(b):len(b) + 8])!r}"
+            )
+        before = self.decode(a[max(0, j - 8) : j])
+        return (
+            f"not prefix-preserving: render(messages) and render(messages + new_messages) first differ at "
+            f"token {j} of {len(a)}, after {before!r}: {self.decode(a[j:j + 8])!r} {a[j:j + 8]} vs "
+            f"{self.decode(b[j:j + 8])!r} {b[j:j + 8]} (the template rewrites earlier turns)"
+        )
+
+    def _show(self, ids: list[int]) -> str:
+        def one(i: int) -> str:
+            try:
+                return f"{self.decode([i])!r} ({i})"
+            except Exception:
+                return f"<undecodable> ({i})"
+
+        return ", ".join(one(i) for i in ids)

@@ -1,0 +1,51 @@
+"""The parser interface, and the template probe that parsers use to recognise their family.
+
+A parser turns decoded assistant text into a :class:`ParsedResponse`. It must never raise on model
+output: anything odd becomes a :class:`ParseIssue` so that the environment can tell the model, and
+training can score it, instead of a rollout crashing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from agentrl.chat.types import ParsedResponse
+
+
+@dataclass(frozen=True)
+class TemplateProbe:
+    """What a chat template rendered for a few fixed probe conversations.
+
+    Each text is the part after the probe user message, so it shows only how the template writes an
+    assistant turn or a generation prompt. Built by :func:`agentrl.chat.detect.probe_template`;
+    parsers read it in :meth:`ResponseParser.matches` so that detection needs no per-family code.
+    """
+
+    tool_call_turn: str  # final assistant turn holding one tool call, no reasoning
+    reasoning_turn: str  # final assistant turn with ``reasoning_content`` and plain content
+    plain_turn: str  # final assistant turn with plain content only
+    generation_prompt: str  # what ``add_generation_prompt=True`` appends
+    generation_prompt_no_thinking: str  # the same with ``enable_thinking=False``
+    tool_name: str = "agentrl_probe_tool"  # the name of the probe call in ``tool_call_turn``
+    errors: tuple[str, ...] = field(default_factory=tuple)  # probes the template refused to render
+
+    def adds(self, marker: str) -> bool:
+        """True when the template writes ``marker`` although no probe message contained it."""
+        return any(marker in t for t in (self.plain_turn, self.generation_prompt, self.generation_prompt_no_thinking))
+
+
+class ResponseParser(ABC):
+    """Splits one generated assistant turn (text, end-of-turn token removed) into its parts."""
+
+    name: ClassVar[str] = ""
+
+    @abstractmethod
+    def parse(self, text: str) -> ParsedResponse:
+        """Parse ``text``; report problems as issues, never raise."""
+
+    @classmethod
+    def matches(cls, probe: TemplateProbe) -> bool:
+        """Whether a template that rendered ``probe`` writes this parser's syntax (for detection)."""
+        return False

@@ -1,0 +1,105 @@
+"""Shared builders for chat-format tests: a tiny real tokenizer, and the offline model tokenizers.
+
+``build_tiny_tokenizer`` trains a byte-level BPE in milliseconds with the same kind of special and
+added tokens as Qwen (ChatML specials; tool/think tags as added, non-special tokens), so template
+and bridge logic is tested through a genuine ``transformers`` tokenizer without downloads.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from agentrl.chat import default_template
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+_CORPUS = [
+    "You are a helpful assistant. You may call these tools:",
+    '{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",',
+    '"parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}',
+    '{"name": "add", "arguments": {"a": 1, "b": 2.5, "flag": true, "nested": {"list": [1, 2, null]}}}',
+    "user\nWhat is the weather in Paris? assistant\nLet me check that for you.",
+    "system\nuser\nassistant\ntool\nThe answer is 42. Thanks! Sunny, 21 degrees.",
+    "0123456789 abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ .,;:!?'\"()[]{}<>/\\-_+=*&^%$#@~`|",
+]
+
+
+def build_tiny_tokenizer(directory: Path, chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """Train, save to ``directory`` and reload a tiny ChatML tokenizer using ``chat_template``.
+
+    ``chat_template`` defaults to agentrl's ChatML + tools template.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=default_template() if chat_template is None else chat_template,
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    wrapped.save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def assets_dir() -> Path:
+    return Path(os.environ.get("AGENTRL_TEST_ASSETS", Path.home() / ".cache" / "agentrl" / "test-assets"))
+
+
+def load_asset_tokenizer(name: str) -> Any:
+    """An offline model tokenizer (``qwen3`` or ``smollm2``); fails loudly when assets are missing."""
+    path = assets_dir() / name
+    if not (path / "tokenizer_config.json").exists():
+        pytest.fail(
+            f"offline test tokenizer {name!r} not found at {path}; run `python scripts/fetch_test_assets.py` "
+            "(or point AGENTRL_TEST_ASSETS at a folder that has it)",
+            pytrace=False,
+        )
+    return AutoTokenizer.from_pretrained(path)
+
+
+# Small reusable conversation pieces.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add numbers.",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+    },
+}
+TOOLS = [WEATHER_TOOL, ADD_TOOL]
+
+
+def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style ``tool_calls`` entry."""
+    out: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if call_id is not None:
+        out["id"] = call_id
+    return out
+
+
+def tool_result(content: str, name: str = "get_weather", call_id: str = "call_0") -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
