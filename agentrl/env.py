@@ -79,10 +79,7 @@ class Environment:
     """The protocol. Subclass it directly for anything ``ToolEnvironment`` does not fit."""
 
     max_turns: int = 10
-
-    @property
-    def tools(self) -> list[Tool]:
-        return []
+    tools: Sequence[Tool] = ()
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""
@@ -97,6 +94,13 @@ class Environment:
 
     async def step(self, message: Message | ParsedResponse) -> StepResult:
         raise NotImplementedError
+
+    async def finish(self) -> tuple[float, dict[str, float | None]]:
+        """Score an episode that the engine cut short (token or context budget).
+
+        Returns (reward, components) for the episode as it stands; the default scores nothing.
+        """
+        return 0.0, {}
 
     async def close(self) -> None:
         """Release per-episode resources (sandboxes, connections)."""
@@ -120,6 +124,17 @@ class ToolEnvironment(Environment):
     """
 
     system_prompt: str | None = None
+    tools: Sequence[Tool] = ()
+    rewards: Sequence[Reward] = ()
+    _episode: dict[str, Any] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Class-level ``tools = [fn, ...]`` and ``rewards = [fn, ...]`` are normalised once here."""
+        super().__init_subclass__(**kwargs)
+        if "tools" in cls.__dict__:
+            cls.tools = [as_tool(t) for t in cls.__dict__["tools"]]
+        if "rewards" in cls.__dict__:
+            cls.rewards = [as_reward(r) for r in cls.__dict__["rewards"]]
 
     def __init__(
         self,
@@ -130,26 +145,18 @@ class ToolEnvironment(Environment):
         max_turns: int | None = None,
     ) -> None:
         if tools is not None:
-            self._tools = [as_tool(t) for t in tools]
+            self.tools = [as_tool(t) for t in tools]
         if rewards is not None:
-            self._rewards = [as_reward(r) for r in rewards]
+            self.rewards = [as_reward(r) for r in rewards]
         if datasets is not None:
             self._datasets = dict(datasets)
         if system_prompt is not None:
             self.system_prompt = system_prompt
         if max_turns is not None:
             self.max_turns = max_turns
-        self._episode: dict[str, Any] | None = None
+        self._episode = None
 
-    # -- declarations (override or pass to __init__) -------------------------------------------
-
-    @property
-    def tools(self) -> list[Tool]:
-        return list(self.__dict__.get("_tools", []))
-
-    @property
-    def rewards(self) -> list[Reward]:
-        return list(self.__dict__.get("_rewards", []))
+    # -- declarations (class attributes, overrides, or __init__ arguments) ------------------------
 
     def load_dataset(self, split: str) -> Any:
         datasets = self.__dict__.get("_datasets")
@@ -241,6 +248,22 @@ class ToolEnvironment(Environment):
                     reward += r.weight * value
         info = {"rewards": components, "tool_records": [rec.to_dict() for rec in records], "turn": ep["turn"]}
         return new_messages, reward, terminated, truncated, info
+
+    async def finish(self) -> tuple[float, dict[str, float | None]]:
+        ep = self._episode
+        if ep is None or ep["done"]:
+            return 0.0, {}
+        ep["done"] = True
+        context = self._reward_context(ep)
+        components: dict[str, float | None] = {}
+        reward = 0.0
+        for r in self.rewards:
+            if not r.per_turn:
+                value = await r(context)
+                components[r.name] = value
+                if value is not None:
+                    reward += r.weight * value
+        return reward, components
 
     def _reward_context(self, ep: dict[str, Any]) -> dict[str, Any]:
         last = next((m for m in reversed(ep["messages"]) if m.get("role") == "assistant"), {})

@@ -218,7 +218,10 @@ def save(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerFast, out: Path, args:
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
     model.generation_config.pad_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
-    model.save_pretrained(out, safe_serialization=True)
+    # Shipped in bfloat16 (half the bytes); load_model upcasts to float32 on CPU.
+    copy = type(model)(model.config)
+    copy.load_state_dict(model.state_dict())
+    copy.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     meta = {"seed": args.seed, "steps": steps, "batch_size": args.batch_size, "lr": args.lr, "vocab_size": args.vocab_size, "train_seconds": round(seconds)}
     (out / "agentrl_build.json").write_text(json.dumps(meta, indent=2) + "\n")

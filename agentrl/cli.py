@@ -1,0 +1,148 @@
+"""The ``agentrl`` command: ``eval``, ``envs``, ``check`` (and ``train`` once the trainer lands).
+
+Arguments are ``key=value`` overrides of a strict pydantic config (``agentrl eval env=calculator
+model=default n=100 k=4 sampling.temperature=0.7``); ``config=file.yaml`` loads a file first.
+Errors in user input print one clear line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from typing import Any
+
+USAGE = """usage: agentrl <command> [key=value ...]
+
+commands:
+  eval    evaluate a model on an environment (pass@k, results.jsonl, summary.json)
+  envs    list the environments make() knows
+  check   run check_env on an environment: agentrl check env=<name|module:Class|file.py:Class>
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    from agentrl.config import ConfigError
+    from agentrl.registry import UnknownEnvironment
+
+    commands = {"eval": cmd_eval, "envs": cmd_envs, "check": cmd_check}
+    if command not in commands:
+        print(f"agentrl: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        return commands[command](rest)
+    except (ConfigError, UnknownEnvironment, FileNotFoundError) as exc:
+        print(f"agentrl {command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_envs(args: list[str]) -> int:
+    from agentrl.registry import registered
+
+    for name in registered():
+        print(name)
+    return 0
+
+
+def cmd_check(args: list[str]) -> int:
+    from agentrl.check import EnvCheckError, check_env
+    from agentrl.config import build, parse_overrides
+    from agentrl.config import Strict
+    from agentrl.registry import make
+
+    class CheckConfig(Strict):
+        env: str = "calculator"
+        env_args: dict[str, Any] = {}
+
+    cfg = build(CheckConfig, parse_overrides(args, shortcuts={}))
+    try:
+        check_env(make(cfg.env, **cfg.env_args))
+    except EnvCheckError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(f"{cfg.env}: ok")
+    return 0
+
+
+def cmd_eval(args: list[str]) -> int:
+    import anyio
+
+    from agentrl.config import EvalConfig, build, parse_overrides, rollout_config
+    from agentrl.evaluation import evaluate, format_summary, summarize, write_results
+    from agentrl.registry import make
+    from agentrl.rollout.engine import RolloutEngine
+
+    cfg = build(EvalConfig, parse_overrides(args))
+    env = make(cfg.env, **cfg.env_args)
+    tasks = list(env.dataset(cfg.split))
+    if cfg.n is not None:
+        tasks = tasks[: cfg.n]
+    generator, chat_format = load_generation(cfg.model, cfg.generator)
+    engine = RolloutEngine(generator, chat_format, rollout_config(cfg.sampling, cfg.rollout))
+
+    total = len(tasks) * cfg.k
+    with progress_bar(f"eval {cfg.env}", total) as advance:
+
+        async def run() -> Any:
+            try:
+                return await evaluate(engine, env, tasks, cfg.k, cfg.seed, on_episode=lambda _t: advance())
+            finally:
+                await generator.close()
+
+        groups, elapsed = anyio.run(run)
+    summary = summarize(groups, cfg.k, cfg.pass_threshold, elapsed)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = write_results(cfg.output or f"outputs/eval-{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}", groups, summary, cfg.model_dump())
+    print(f"agentrl eval  env={cfg.env}  model={cfg.model.path}  split={cfg.split}")
+    print(format_summary(summary))
+    print(f"wrote {out / 'results.jsonl'} and {out / 'summary.json'}")
+    return 0
+
+
+def load_generation(model_cfg: Any, gen_cfg: Any) -> tuple[Any, Any]:
+    """Tokenizer, chat format, model and the transformers generator for a model config."""
+    import torch
+
+    from agentrl.chat import get_chat_format
+    from agentrl.generators.transformers import TransformersGenerator
+    from agentrl.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(model_cfg.path)
+    chat_format = get_chat_format(tokenizer, model_cfg.chat_format)
+    dtype = None if model_cfg.dtype == "auto" else getattr(torch, model_cfg.dtype)
+    model = load_model(model_cfg.path, dtype=dtype, device=model_cfg.device)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat_format.stop_token_ids[0]
+    generator = TransformersGenerator(model, pad_token_id=pad, max_batch_size=gen_cfg.max_batch_size, gather_window_s=gen_cfg.gather_window_s)
+    return generator, chat_format
+
+
+class progress_bar:
+    """A rich progress bar when the output is a terminal, a quiet counter otherwise."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total = label, total
+        self._progress: Any = None
+
+    def __enter__(self) -> Any:
+        if sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(), transient=True
+            )
+            self._progress.start()
+            task = self._progress.add_task(self.label, total=self.total)
+            return lambda: self._progress.advance(task)
+        return lambda: None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

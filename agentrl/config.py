@@ -1,0 +1,156 @@
+"""Strict pydantic configs and ``key=value`` overrides for the command line.
+
+Unknown keys, wrong types and conflicting settings fail at load time with a message naming the
+key. ``a.b=c`` sets nested fields; values are read as JSON when they parse (``3``, ``0.5``,
+``true``, ``[1,2]``, ``null``) and as strings otherwise. ``config=path.yaml|json`` loads a file
+first; command-line keys override it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentrl.generators.base import SamplingParams
+from agentrl.rollout.engine import RolloutConfig
+
+T = TypeVar("T", bound=BaseModel)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the command line."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SamplingConfig(Strict):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0, lt=1)
+    seed: int | None = None
+
+    def to_params(self) -> SamplingParams:
+        return SamplingParams(**self.model_dump())
+
+
+class RolloutSettings(Strict):
+    max_turns: int | None = Field(None, ge=1, description="None: the environment's own max_turns")
+    max_tokens_per_turn: int = Field(256, ge=1)
+    max_completion_tokens: int = Field(1024, ge=1)
+    max_context: int = Field(2048, ge=16)
+    max_concurrent_episodes: int = Field(256, ge=1)
+
+
+class GeneratorSettings(Strict):
+    backend: Literal["transformers"] = "transformers"
+    max_batch_size: int = Field(256, ge=1)
+    gather_window_s: float = Field(0.005, ge=0)
+
+
+class ModelSettings(Strict):
+    path: str = Field("default", description="'default' (bundled), a local folder or a hub id")
+    chat_format: str | None = Field(None, description="override detection: hermes, qwen3")
+    device: str | None = None
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+class EvalConfig(Strict):
+    env: str = "calculator"
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    split: str = "test"
+    n: int | None = Field(None, ge=1, description="tasks to evaluate (None: the whole split)")
+    k: int = Field(1, ge=1, description="samples per task")
+    seed: int = 0
+    pass_threshold: float = Field(1.0, description="an episode passes when its reward >= this")
+    output: str | None = Field(None, description="output folder (default outputs/eval-<env>-<time>)")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> EvalConfig:
+        if self.k > 1 and self.sampling.temperature == 0:
+            raise ValueError("k > 1 with sampling.temperature=0 draws the same sample k times; raise the temperature or set k=1")
+        return self
+
+
+def rollout_config(sampling: SamplingConfig, rollout: RolloutSettings) -> RolloutConfig:
+    return RolloutConfig(sampling=sampling.to_params(), **rollout.model_dump())
+
+
+SHORTCUTS = {"model": "model.path", "temperature": "sampling.temperature"}
+
+
+def parse_overrides(args: list[str], shortcuts: dict[str, str] | None = None) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` → ``{"a": {"b": 1}, "c": "x"}``; ``config=file`` is loaded first."""
+    shortcuts = SHORTCUTS if shortcuts is None else shortcuts
+    result: dict[str, Any] = {}
+    pairs = []
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected key=value, got {arg!r}")
+        if key == "config":
+            result = _deep_merge(result, load_file(raw))
+        else:
+            pairs.append((shortcuts.get(key, key), raw))
+    for key, raw in pairs:
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: {part} is a value, not a section")
+        node[parts[-1]] = _value(raw)
+    return result
+
+
+def build(model: type[T], overrides: dict[str, Any]) -> T:
+    """Validate ``overrides`` into ``model``, turning pydantic errors into one readable message."""
+    try:
+        return model.model_validate(overrides)
+    except pydantic.ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "config"
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"  {key}: {msg}")
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+
+
+def load_file(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    text = p.read_text()
+    if p.suffix in (".yaml", ".yml"):
+        import yaml  # transformers depends on PyYAML
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    return data
+
+
+def _value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -1,0 +1,63 @@
+"""The generator protocol: one request in, the sampled tokens and their logprobs out.
+
+One request per call lets the rollout engine interleave many episodes; a backend batches
+concurrent calls itself. Logprobs are those of the sampled tokens under the distribution the
+token was actually drawn from: logits / temperature, then top-k, top-p and min-p filtering,
+renormalised. With no filtering this is ``log_softmax(logits / temperature)``, which the trainer
+recomputes exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings. ``top_k=0`` and ``top_p=1`` and ``min_p=0`` mean no filtering."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 256
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """What one request produced. ``finish_reason`` is "stop" when a stop token was sampled (it is
+    included in ``token_ids``), "length" at ``max_tokens``, "abort" when the backend gave up."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class Generator(Protocol):
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
+
+    def update_weights(self, named_tensors: Any) -> None: ...
+
+    async def close(self) -> None: ...

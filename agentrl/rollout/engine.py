@@ -1,0 +1,232 @@
+"""The multi-turn rollout engine: episodes as independent asyncio tasks, token in / token out.
+
+Each episode runs as its own task under one anyio task group, capped by a limiter. An episode
+awaits the generator for its turn and the environment for its tools; while it waits, every other
+episode keeps going, so one episode's tool latency overlaps the others' generation (no lockstep).
+
+Token fidelity: the ids sent to the generator are always the episode's own ids so far — the
+sampled ids exactly as sampled plus the tokens the chat format's bridge proved. The loss mask is
+1 only on sampled ids. When the bridge cannot prove a prefix, the episode is split: a new sample
+starts from a fresh render of the conversation, and the split is counted.
+
+Budget overflow policy: if the environment's reply (with the next assistant header) would not fit
+in the context or completion budget, it is not appended (the turn is rolled back to the end of the
+last sampled token), the episode ends with ``finish_reason="context"`` / ``"max_tokens"`` and
+``truncated=True``, and the environment scores it with ``finish()``. Nothing is cut mid-message,
+so the model never trains on a context it would not see at inference.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+
+from agentrl.chat.base import ChatFormat
+from agentrl.env import Environment
+from agentrl.generators.base import Generator, SamplingParams
+from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+
+
+@dataclass
+class RolloutConfig:
+    """Per-episode limits and sampling.
+
+    ``max_turns``: assistant turns (None = the environment's own ``max_turns``).
+    ``max_tokens_per_turn``: sampled tokens per turn. ``max_completion_tokens``: sampled plus
+    environment tokens after the prompt. ``max_context``: prompt + completion.
+    ``max_concurrent_episodes``: episodes in flight at once.
+    """
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_turns: int | None = None
+    max_tokens_per_turn: int = 256
+    max_completion_tokens: int = 1024
+    max_context: int = 2048
+    max_concurrent_episodes: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens_per_turn", "max_completion_tokens", "max_context", "max_concurrent_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+class RolloutEngine:
+    """Runs episodes of an environment against a generator through one chat format."""
+
+    def __init__(self, generator: Generator, chat_format: ChatFormat, config: RolloutConfig | None = None) -> None:
+        self.generator = generator
+        self.chat_format = chat_format
+        self.config = config or RolloutConfig()
+        self.events: list[tuple[str, int, int]] = []  # (kind, episode, turn) in order, for tests and debugging
+        self.record_events = False
+
+    async def run(
+        self,
+        env: Environment,
+        tasks: list[dict[str, Any]],
+        n: int = 1,
+        seed: int | None = 0,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> list[TrajectoryGroup]:
+        """``n`` episodes for each task; group ``g`` uses environment seed ``seed + g``.
+
+        ``on_episode`` is called as each episode ends (progress bars, streaming writers).
+        """
+        limiter = anyio.CapacityLimiter(self.config.max_concurrent_episodes)
+        groups = [
+            TrajectoryGroup(task=dict(task), seed=None if seed is None else seed + g, trajectories=[None] * n)  # type: ignore[list-item]
+            for g, task in enumerate(tasks)
+        ]
+
+        async def one(g: int, i: int) -> None:
+            async with limiter:
+                traj = await self.run_episode(env, groups[g].task, groups[g].seed, group=g, index=i)
+            groups[g].trajectories[i] = traj
+            if on_episode is not None:
+                on_episode(traj)
+
+        async with anyio.create_task_group() as tg:
+            for g in range(len(groups)):
+                for i in range(n):
+                    tg.start_soon(one, g, i)
+        return groups
+
+    async def run_episode(
+        self, base_env: Environment, task: dict[str, Any], seed: int | None, group: int = 0, index: int = 0
+    ) -> Trajectory:
+        """One episode. Infrastructure failures are recorded on the trajectory, never raised."""
+        traj = Trajectory(task=dict(task), seed=seed, group=group, index=index)
+        start = time.perf_counter()
+        env = base_env.spawn()
+        try:
+            await self._episode(env, traj)
+        except Exception as exc:  # generator or environment failure: drop this episode only
+            traj.error = f"{type(exc).__name__}: {exc}"
+            traj.finish_reason = "error"
+        finally:
+            try:
+                await env.close()
+            except Exception as exc:
+                traj.error = traj.error or f"close failed: {type(exc).__name__}: {exc}"
+        traj.duration_s = time.perf_counter() - start
+        return traj
+
+    async def _episode(self, env: Environment, traj: Trajectory) -> None:
+        cfg, fmt = self.config, self.chat_format
+        messages, _info = await env.reset(task=traj.task, seed=traj.seed)
+        tools = env.tool_schemas() or None
+        traj.messages = list(messages)
+        sample = Sample(prompt_ids=fmt.render(messages, tools))
+        traj.samples.append(sample)
+        max_turns = cfg.max_turns or getattr(env, "max_turns", None) or 10
+        used = 0  # completion tokens (sampled + environment) across samples
+
+        for turn_index in range(max_turns):
+            limits = {
+                "length": cfg.max_tokens_per_turn,
+                "max_tokens": cfg.max_completion_tokens - used,
+                "context": cfg.max_context - len(sample.ids),
+            }
+            binding = min(limits, key=limits.__getitem__)
+            budget = limits[binding]
+            if budget < 1:
+                await self._cut(env, traj, binding)
+                return
+            sampling = replace(cfg.sampling, max_tokens=budget, stop_token_ids=list(fmt.stop_token_ids), seed=self._seed(traj, turn_index))
+            self._event("generate", traj, turn_index)
+            t0 = time.perf_counter()
+            gen = await self.generator.generate(sample.ids, sampling)
+            gen_s = time.perf_counter() - t0
+            self._event("generated", traj, turn_index)
+            sample.extend(list(gen.token_ids), sampled=True, logprobs=list(gen.logprobs))
+            used += len(gen.token_ids)
+
+            parsed = fmt.parse(gen.token_ids)
+            message = parsed.to_message()
+            for k, call in enumerate(message.get("tool_calls", [])):
+                call.setdefault("id", f"call_{turn_index}_{k}")
+            turn = Turn(
+                index=turn_index,
+                message=message,
+                num_sampled=len(gen.token_ids),
+                finish_reason=gen.finish_reason,
+                parse_issues=[{"kind": i.kind, "detail": i.detail} for i in parsed.issues],
+                generation_s=gen_s,
+            )
+            traj.turns.append(turn)
+            traj.messages.append(message)
+            if gen.finish_reason != "stop":  # cut mid-turn: nothing sensible to send the environment
+                await self._cut(env, traj, binding if gen.finish_reason == "length" else gen.finish_reason)
+                return
+
+            t0 = time.perf_counter()
+            new, reward, terminated, truncated, info = await env.step(message)
+            turn.env_s = time.perf_counter() - t0
+            turn.env_messages = list(new)
+            turn.tool_records = list(info.get("tool_records", []))
+            turn.reward = float(reward)
+            traj.reward += float(reward)
+            _add_components(traj.rewards, info.get("rewards", {}))
+            if terminated or truncated:
+                traj.finish_reason = "stop" if terminated else "max_turns"
+                traj.truncated = bool(truncated and not terminated)
+                traj.messages.extend(new)
+                return
+
+            bridge = fmt.bridge(traj.messages, new, sample.ids, tools)
+            traj.messages.extend(new)
+            if bridge.proven:
+                env_ids = list(bridge.ids or [])
+                turn.bridge = "proven"
+            else:
+                traj.splits += 1
+                turn.bridge = f"split: {bridge.reason}"
+                env_ids = []
+                sample = Sample(prompt_ids=fmt.render(traj.messages, tools))
+                traj.samples.append(sample)
+            if len(sample.ids) + len(env_ids) >= cfg.max_context:
+                await self._rollback(env, traj, sample, "context")
+                return
+            if used + len(env_ids) >= cfg.max_completion_tokens:
+                await self._rollback(env, traj, sample, "max_tokens")
+                return
+            sample.extend(env_ids, sampled=False)
+            turn.num_env_tokens = len(env_ids)
+            used += len(env_ids)
+        await self._cut(env, traj, "max_turns")
+
+    async def _rollback(self, env: Environment, traj: Trajectory, sample: Sample, reason: str) -> None:
+        """The environment's reply does not fit: end the episode after the last sampled token."""
+        if not sample.completion_ids and len(traj.samples) > 1:
+            traj.samples.pop()  # a split sample that never got a sampled token
+        await self._cut(env, traj, reason)
+
+    async def _cut(self, env: Environment, traj: Trajectory, reason: str) -> None:
+        reward, components = await env.finish()
+        traj.reward += float(reward)
+        _add_components(traj.rewards, components)
+        traj.finish_reason = reason
+        traj.truncated = True
+
+    def _seed(self, traj: Trajectory, turn: int) -> int | None:
+        """Distinct, reproducible sampling seeds per episode and turn when a base seed is set."""
+        base = self.config.sampling.seed
+        if base is None:
+            return None
+        return (base * 1_000_003 + (traj.seed or 0) * 10_007 + traj.index * 101 + turn) % (2**63)
+
+    def _event(self, kind: str, traj: Trajectory, turn: int) -> None:
+        if self.record_events:
+            self.events.append((kind, traj.group * 100_000 + traj.index, turn))
+
+
+def _add_components(total: dict[str, float | None], new: dict[str, float | None]) -> None:
+    for name, value in new.items():
+        if value is None:
+            total.setdefault(name, None)
+        else:
+            total[name] = (total.get(name) or 0.0) + value

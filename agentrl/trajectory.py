@@ -1,0 +1,156 @@
+"""Trajectories: the exact tokens of an episode, what was trained, and what happened.
+
+One ``Trajectory`` is one episode. Its token sequence lives in ``samples``: normally one, more
+when the chat template could not be bridged in token space and the engine split the episode
+(each sample is then a separate training sequence with the episode's reward). ``loss_mask`` is 1
+exactly on tokens the model sampled; ``logprobs`` are the sampler's (0.0 where the mask is 0).
+Everything round-trips through JSONL: the same record training logs, ``agentrl eval`` writes and
+a viewer shows.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+
+@dataclass
+class Sample:
+    """One training sequence: prompt ids, then completion ids with their mask and logprobs."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+    def extend(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
+        self.completion_ids.extend(ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    def truncate(self, length: int) -> None:
+        """Drop completion tokens past ``length`` (a rolled-back environment turn)."""
+        del self.completion_ids[length:], self.loss_mask[length:], self.logprobs[length:]
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class Turn:
+    """One assistant turn and the environment's answer to it."""
+
+    index: int
+    message: dict[str, Any]
+    num_sampled: int
+    finish_reason: str
+    env_messages: list[dict[str, Any]] = field(default_factory=list)
+    num_env_tokens: int = 0
+    tool_records: list[dict[str, Any]] = field(default_factory=list)
+    parse_issues: list[dict[str, str]] = field(default_factory=list)
+    reward: float = 0.0
+    generation_s: float = 0.0
+    env_s: float = 0.0
+    bridge: str = ""  # "proven", "split: <reason>", or "" on the last turn
+
+
+@dataclass
+class Trajectory:
+    """One episode."""
+
+    task: dict[str, Any]
+    seed: int | None
+    group: int = 0
+    index: int = 0
+    samples: list[Sample] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    reward: float = 0.0
+    rewards: dict[str, float | None] = field(default_factory=dict)
+    finish_reason: str = ""  # "stop" (env terminated), "max_turns", "length", "max_tokens", "context", "error"
+    truncated: bool = False
+    splits: int = 0
+    error: str | None = None
+    duration_s: float = 0.0
+
+    # Convenience views of the (usually single) sample.
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.samples[0].prompt_ids if self.samples else []
+
+    @property
+    def completion_ids(self) -> list[int]:
+        return self.samples[0].completion_ids if self.samples else []
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return self.samples[0].loss_mask if self.samples else []
+
+    @property
+    def logprobs(self) -> list[float]:
+        return self.samples[0].logprobs if self.samples else []
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(s.num_sampled for s in self.samples)
+
+    @property
+    def num_env_tokens(self) -> int:
+        return sum(len(s.loss_mask) - s.num_sampled for s in self.samples)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        data = dict(data)
+        data["samples"] = [Sample(**s) for s in data.get("samples", [])]
+        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        return cls(**data)
+
+
+@dataclass
+class TrajectoryGroup:
+    """The ``n`` episodes of one task with the same environment seed (GRPO's group)."""
+
+    task: dict[str, Any]
+    seed: int | None
+    trajectories: list[Trajectory]
+
+    @property
+    def ok(self) -> list[Trajectory]:
+        """Episodes that did not die of an infrastructure error."""
+        return [t for t in self.trajectories if t.ok]
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward for t in self.ok]
+
+
+def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for t in trajectories:
+            f.write(json.dumps(t.to_dict(), ensure_ascii=False, default=_jsonable) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[Trajectory]:
+    with open(path, encoding="utf-8") as f:
+        return [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+def _jsonable(obj: Any) -> Any:
+    """Task rows may hold numpy or other values; store them as plain data or text."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
