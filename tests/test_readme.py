@@ -1,0 +1,23 @@
+"""README's code must run as written, and its two commands must be the ones CI uses."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+
+
+def test_python_examples_run():
+    for code in blocks("python"):
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+
+
+def test_ci_runs_the_readme_test_command():
+    test_command = next(b.strip() for b in blocks("bash") if b.strip().endswith("pytest"))
+    assert test_command in (ROOT / ".ci" / "run").read_text()
+    assert "pip install torch==2.13.0" in blocks("bash")[0]
