@@ -14,6 +14,7 @@ from typing import Any
 USAGE = """usage: agentrl <command> [key=value ...]
 
 commands:
+  train   train a model on an environment with GRPO (agentrl train env=calculator)
   eval    evaluate a model on an environment (pass@k, results.jsonl, summary.json)
   envs    list the environments make() knows
   check   run check_env on an environment: agentrl check env=<name|module:Class|file.py:Class>
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentrl.config import ConfigError
     from agentrl.registry import UnknownEnvironment
 
-    commands = {"eval": cmd_eval, "envs": cmd_envs, "check": cmd_check}
+    commands = {"train": cmd_train, "eval": cmd_eval, "envs": cmd_envs, "check": cmd_check}
     if command not in commands:
         print(f"agentrl: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -38,6 +39,25 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UnknownEnvironment, FileNotFoundError) as exc:
         print(f"agentrl {command}: {exc}", file=sys.stderr)
         return 2
+
+
+def cmd_train(args: list[str]) -> int:
+    from agentrl.config import build, parse_overrides
+    from agentrl.train_config import TrainConfig
+    from agentrl.trainer import Trainer
+
+    cfg = build(TrainConfig, parse_overrides(args))
+    trainer = Trainer(cfg)
+    trainer.train()
+    history = trainer.history
+    if history:
+        first, last = history[0], history[-1]
+        k = min(5, len(history))
+        head = sum(h["reward/mean"] for h in history[:k]) / k
+        tail = sum(h["reward/mean"] for h in history[-k:]) / k
+        print(f"reward: first {k} steps {head:.3f} -> last {k} steps {tail:.3f} (step 1: {first['reward/mean']:.3f}, step {last['step']}: {last['reward/mean']:.3f})")
+    print(f"run folder: {trainer.run_dir} (metrics.jsonl, samples.jsonl, reward_curve.png, checkpoints/)")
+    return 0
 
 
 def cmd_envs(args: list[str]) -> int:

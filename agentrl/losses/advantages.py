@@ -184,8 +184,9 @@ def turn_advantages(
     Each turn's return is its reward-to-go within the episode (:func:`per_token_returns`); returns
     are then normalised within the group over all (episode, turn) pairs that have tokens, each turn
     counted once whatever its length; every token of a turn gets its turn's advantage.
-    ``turn_rewards``: [B, K] or [B, K, C] components (NaN/None missing). Put an episode-level
-    reward on the episode's last turn.
+    ``turn_rewards``: [B, K] or [B, K, C] components (NaN/None missing; pad episodes with fewer
+    turns with None). ``token_turn``: [B, T], -1 outside every turn. Put an episode-level reward on
+    the episode's last turn.
     """
     r = rewards_tensor(turn_rewards)
     per_turn = combine_rewards(r if r.dim() == 3 else r[..., None], weights)
@@ -196,8 +197,8 @@ def turn_advantages(
     group_ids = torch.as_tensor(group_ids)
     if token_turn.shape[0] != B or group_ids.shape != (B,):
         raise ValueError(f"token_turn {tuple(token_turn.shape)} / group_ids {tuple(group_ids.shape)} do not match {B} rows")
-    if token_turn.numel() and int(token_turn.max()) >= K:
-        raise ValueError(f"token_turn has turn {int(token_turn.max())} but only {K} turn rewards")
+    if token_turn.numel() and (int(token_turn.max()) >= K or int(token_turn.min()) < -1):
+        raise ValueError(f"token_turn must lie in [-1, {K - 1}] for {K} turn rewards")
     has_reward = ~torch.isnan(per_turn).all(-1)  # [B]
     rtg = _reward_to_go(per_turn, gamma)
     present = torch.zeros(B, K + 1, dtype=torch.bool).scatter_(1, token_turn + 1, True)[:, 1:]

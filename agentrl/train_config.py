@@ -1,0 +1,122 @@
+"""The training configuration: strict, validated at load time, every key named in its errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+
+from agentrl.config import GeneratorSettings, ModelSettings, RolloutSettings, SamplingConfig, Strict
+from agentrl.losses import LossConfig, LossConfigError
+
+
+class LossSettings(Strict):
+    """Mirror of ``agentrl.losses.LossConfig`` (docs/losses.md has every formula)."""
+
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] = "dapo"
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    beta: float = 0.0
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    sampler_is_mode: Literal["truncate", "mask"] | None = "truncate"
+    sampler_is_level: Literal["token", "sequence", "geometric"] = "token"
+    sampler_is_cap: float = 2.0
+
+    @pydantic.model_validator(mode="after")
+    def _valid(self) -> LossSettings:
+        try:
+            self.to_loss_config()
+        except LossConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def to_loss_config(self) -> LossConfig:
+        return LossConfig(**self.model_dump())
+
+
+class LoraSettings(Strict):
+    r: int = Field(16, ge=1)
+    lora_alpha: int = 32
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | str = "all-linear"
+
+
+class ExtraReward(Strict):
+    """A reward function added to the environment's: ``fn="module:function"`` or ``"file.py:function"``."""
+
+    fn: str
+    weight: float = 1.0
+    name: str | None = None
+
+
+class TrainConfig(Strict):
+    env: str = "calculator"
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    output_dir: str | None = Field(None, description="run folder (default runs/<env>-<time>)")
+    seed: int = 0
+    resume: str | None = Field(None, description="'latest' (in output_dir), a run folder or a checkpoint folder")
+
+    # batch shape
+    max_steps: int = Field(30, ge=1, description="optimizer steps")
+    prompts_per_step: int = Field(8, ge=1, description="tasks per optimizer step")
+    num_generations: int = Field(8, ge=2, description="episodes per task (the GRPO group)")
+    steps_per_generation: int = Field(1, ge=1, description="optimizer steps per generation batch")
+    num_iterations: int = Field(1, ge=1, description="passes over each generation batch")
+    micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
+
+    # optimisation
+    learning_rate: float = Field(5e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    gradient_checkpointing: bool = False
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on CUDA with bf16, else fp32")
+    logprob_chunk_size: int = Field(1024, ge=1)
+
+    # the objective
+    loss: LossSettings = Field(default_factory=LossSettings)
+    advantage_scale: Literal["group", "batch", "none"] = "group"
+    mask_truncated_completions: bool = False
+    extra_rewards: list[ExtraReward] = Field(default_factory=list)
+    peft: LoraSettings | None = None
+    ref_mix_alpha: float | None = Field(None, gt=0, le=1, description="TR-DPO: ref <- a*policy + (1-a)*ref")
+    ref_mix_every: int = Field(0, ge=0)
+
+    # generation
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    rollout: RolloutSettings = Field(default_factory=lambda: RolloutSettings(max_tokens_per_turn=64, max_completion_tokens=256, max_context=1024))
+    generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+
+    # observability and checkpoints
+    log_every: int = Field(1, ge=1)
+    samples_per_log: int = Field(2, ge=0, description="trajectories written to samples.jsonl per log step")
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)
+    eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps (0: off)")
+    eval_tasks: int = Field(64, ge=1)
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps (the final step is always saved)")
+    keep_checkpoints: int | None = Field(2, ge=1)
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.sampling.temperature == 0:
+            raise ValueError("sampling.temperature: training needs temperature > 0 (greedy groups have no variance)")
+        if (self.ref_mix_alpha is None) != (self.ref_mix_every == 0):
+            raise ValueError("ref_mix_alpha and ref_mix_every go together (both set, or neither)")
+        if self.ref_mix_alpha is not None and (self.loss.beta == 0 or self.peft is not None):
+            raise ValueError("ref_mix_alpha mixes a full-model reference: it needs loss.beta > 0 and no peft")
+        if self.sampling.seed is None:
+            self.sampling.seed = self.seed
+        return self
+
+
+def loss_config_fields_match() -> bool:
+    """True when LossSettings mirrors every LossConfig field (a test keeps them in step)."""
+    return {f.name for f in dataclasses.fields(LossConfig)} == set(LossSettings.model_fields)
