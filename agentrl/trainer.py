@@ -64,6 +64,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
 
+        _check_trackers(cfg.report_to)
         cuda = torch.cuda.is_available()
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
         self.accelerator = Accelerator(
@@ -361,6 +362,18 @@ class Trainer:
             ys = smooth([y for _, y in series["reward/mean"]], 0.3)
             series["reward (smoothed)"] = [(x, y) for (x, _), y in zip(series["reward/mean"], ys)]
         write_curve_png(self.run_dir / "reward_curve.png", series, title=f"agentrl train {self.cfg.env}", y_label="reward")
+
+
+def _check_trackers(names: list[str]) -> None:
+    """Asked-for trackers must be installed: fail at start-up, not after the first step."""
+    import importlib.util
+
+    from agentrl.config import ConfigError
+
+    modules = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "trackio": ("trackio",)}
+    for name in names:
+        if not any(importlib.util.find_spec(m) for m in modules[name]):
+            raise ConfigError(f"report_to: {name} is not installed (pip install {modules[name][0]})")
 
 
 def _load_reward(spec: Any) -> Reward:

@@ -46,33 +46,23 @@ def generate(model, fmt, prompts: list[list[int]], max_new_tokens: int, pad_id: 
     return results
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description="gym-style evaluation")
-    ap.add_argument("--env", default="calculator")
-    ap.add_argument("--model", default="default")
-    ap.add_argument("--split", default="test")
-    ap.add_argument("--n", type=int, default=200, help="number of test tasks")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-
-    torch.manual_seed(args.seed)
-    tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model)
+def run(env_name: str, model_spec: str, split: str, n: int, batch_size: int = 64, max_new_tokens: int = 64, seed: int = 0) -> dict:
+    """The gym loop over the first ``n`` tasks of ``split``; returns rates and per-episode scores."""
+    torch.manual_seed(seed)
+    tokenizer = load_tokenizer(model_spec)
+    model = load_model(model_spec)
     fmt = get_chat_format(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fmt.stop_token_ids[0]
-    base = agentrl.make(args.env)
-    tasks = list(base.dataset(args.split))[: args.n]
+    base = agentrl.make(env_name)
+    tasks = list(base.dataset(split))[:n]
 
     calls = malformed = episodes_with_call = 0
     scores: list[float] = []
-    start = time.time()
-    for b in range(0, len(tasks), args.batch_size):
-        envs = [base.spawn().sync() for _ in tasks[b : b + args.batch_size]]
+    for b in range(0, len(tasks), batch_size):
+        envs = [base.spawn().sync() for _ in tasks[b : b + batch_size]]
         convos, done, score = [], [], []
         for i, env in enumerate(envs):
-            messages, info = env.reset(task=tasks[b + i], seed=args.seed + b + i)
+            messages, info = env.reset(task=tasks[b + i], seed=seed + b + i)
             convos.append(messages)
             done.append(False)
             score.append(0.0)
@@ -80,7 +70,7 @@ def main() -> None:
         while not all(done):
             live = [i for i, d in enumerate(done) if not d]
             prompts = [fmt.render(convos[i], tools=envs[i].tool_schemas()) for i in live]
-            for i, out in zip(live, generate(model, fmt, prompts, args.max_new_tokens, pad_id)):
+            for i, out in zip(live, generate(model, fmt, prompts, max_new_tokens, pad_id)):
                 parsed = fmt.parse(out)
                 message = parsed.to_message()
                 new, reward, terminated, truncated, info = envs[i].step(message)
@@ -98,12 +88,33 @@ def main() -> None:
             env.close()
         scores.extend(score)
         episodes_with_call += sum(used_call)
+    n_done = len(scores)
+    return {
+        "episodes": n_done,
+        "episodes_with_call": episodes_with_call / n_done,
+        "well_formed": (calls - malformed) / max(1, calls),
+        "tool_call_turns": calls,
+        "accuracy": sum(scores) / n_done,
+        "scores": scores,
+    }
 
-    n = len(scores)
-    print(f"env={args.env} model={args.model} split={args.split} episodes={n} ({time.time() - start:.0f}s)")
-    print(f"episodes with a tool call: {episodes_with_call / n:.1%}")
-    print(f"well-formed tool calls:    {(calls - malformed) / max(1, calls):.1%} of {calls}")
-    print(f"accuracy:                  {sum(scores) / n:.1%}")
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="gym-style evaluation")
+    ap.add_argument("--env", default="calculator")
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--split", default="test")
+    ap.add_argument("--n", type=int, default=200, help="number of test tasks")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    start = time.time()
+    r = run(args.env, args.model, args.split, args.n, args.batch_size, args.max_new_tokens, args.seed)
+    print(f"env={args.env} model={args.model} split={args.split} episodes={r['episodes']} ({time.time() - start:.0f}s)")
+    print(f"episodes with a tool call: {r['episodes_with_call']:.1%}")
+    print(f"well-formed tool calls:    {r['well_formed']:.1%} of {r['tool_call_turns']}")
+    print(f"accuracy:                  {r['accuracy']:.1%}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,160 @@
+"""The trainer end to end on the bundled model: metrics, curve, checkpoints, exact resume, references."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentrl.config import ConfigError, build, parse_overrides
+from agentrl.train_config import TrainConfig, loss_config_fields_match
+from agentrl.trainer import Trainer
+
+SMALL = [
+    "prompts_per_step=2",
+    "num_generations=4",
+    "micro_batch_size=4",
+    "rollout.max_tokens_per_turn=32",
+    "rollout.max_completion_tokens=160",
+    "learning_rate=1e-3",
+    "log_every=1",
+]
+
+
+def config(tmp_path, *extra: str) -> TrainConfig:
+    return build(TrainConfig, parse_overrides([*SMALL, f"output_dir={tmp_path}", *extra]))
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return load_file(path / "model.safetensors")
+
+
+def test_train_writes_metrics_curve_samples_and_checkpoint(tmp_path):
+    trainer = Trainer(config(tmp_path, "max_steps=2"))
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    for key in ("reward/mean", "accuracy", "loss/loss", "loss/clip_ratio/region", "loss/entropy/mean", "rollout/episodes_per_s", "lr"):
+        assert key in lines[0], key
+    assert lines[0]["rollout/episodes"] == 8
+    assert (tmp_path / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "samples.jsonl").read_text().count("\n") == 4
+    ckpt = tmp_path / "checkpoints" / "step-000002"
+    assert (ckpt / "trainer_state.json").is_file() and (ckpt / "model.safetensors").is_file()
+    after = trainer.policy.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "an optimizer step must change the weights"
+
+
+def test_resume_is_exact(tmp_path):
+    straight = Trainer(config(tmp_path / "a", "max_steps=3", "save_every=1"))
+    straight.train()
+    first = Trainer(config(tmp_path / "b", "max_steps=1", "save_every=1"))
+    first.train()
+    resumed = Trainer(config(tmp_path / "b", "max_steps=3", "save_every=1", "resume=latest"))
+    assert resumed.step == 1
+    resumed.train()
+    a = weights(tmp_path / "a" / "checkpoints" / "step-000003")
+    b = weights(tmp_path / "b" / "checkpoints" / "step-000003")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ma = [json.loads(x)["reward/mean"] for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(x)["reward/mean"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert ma == mb
+
+
+def test_reference_kinds_and_kl(tmp_path):
+    none = Trainer(config(tmp_path / "none", "max_steps=1"))
+    assert none.reference.kind == "none"
+    full = Trainer(config(tmp_path / "full", "max_steps=1", "loss.beta=0.1"))
+    assert full.reference.kind == "copy"
+    full.train()
+    kl = json.loads((tmp_path / "full" / "metrics.jsonl").read_text().splitlines()[0])["loss/kl/mean"]
+    assert kl == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
+    lora = Trainer(config(tmp_path / "lora", "max_steps=2", "loss.beta=0.1", "peft.r=4", "learning_rate=1e-2"))
+    assert lora.reference.kind == "disabled-adapter"
+    lora.train()
+    # After training the adapter, the reference (adapters off) still equals the untouched base model.
+    from agentrl.models import load_model
+
+    base = load_model("default", dtype=torch.float32, device="cpu")
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad(), lora.reference.active() as ref:
+        ref_logits = ref(ids).logits
+        assert torch.allclose(ref_logits, base(ids).logits, atol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(lora.policy(ids).logits, ref_logits, atol=1e-4)
+
+    adapter_dir = tmp_path / "lora" / "checkpoints" / "step-000002"
+    assert (adapter_dir / "adapter_model.safetensors").is_file()
+    cont = Trainer(config(tmp_path / "cont", "max_steps=1", "loss.beta=0.1", f"model.path={adapter_dir}"))
+    assert cont.reference.kind == "ref-adapter"
+    with torch.no_grad():
+        policy_logits = cont.policy(ids).logits
+        with cont.reference.active() as ref:
+            assert torch.allclose(ref(ids).logits, policy_logits, atol=1e-5)  # the frozen copy starts equal
+    trainable = [n for n, p in cont.policy.named_parameters() if p.requires_grad]
+    assert trainable and all(".ref." not in n for n in trainable)
+
+
+def test_reference_mixing(tmp_path):
+    t = Trainer(config(tmp_path, "max_steps=1", "loss.beta=0.05", "ref_mix_alpha=1.0", "ref_mix_every=1"))
+    t.train()
+    for p, r in zip(t.policy.parameters(), t.reference.model.parameters()):
+        assert torch.equal(p, r)  # alpha = 1 copies the policy into the reference
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["learning_rat=1e-3"], "learning_rat: unknown key"),
+        (["sampling.temperature=0"], "training needs temperature > 0"),
+        (["ref_mix_alpha=0.5", "ref_mix_every=2"], "needs loss.beta > 0"),
+        (["loss.loss_type=ppo"], "loss.loss_type"),
+        (["loss.loss_type=cispo", "loss.delta=2.0"], "delta"),
+        (["num_generations=1"], "num_generations"),
+        (["max_steps"], "expected key=value"),
+    ],
+)
+def test_config_errors_name_the_key(args, message):
+    with pytest.raises(ConfigError, match=message):
+        build(TrainConfig, parse_overrides(args))
+
+
+def test_loss_settings_mirror_loss_config():
+    assert loss_config_fields_match()
+
+
+def test_missing_tracker_is_a_clear_error(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("wandb"):
+        pytest.skip("wandb is installed here")
+    with pytest.raises(ConfigError, match="wandb is not installed"):
+        Trainer(config(tmp_path, "report_to=[\"wandb\"]"))
+
+
+def test_merged_state_dict_matches_merge_and_unload():
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from agentrl.models import load_model
+    from agentrl.reference import merged_state_dict
+
+    base = load_model("default", dtype=torch.float32, device="cpu")
+    model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    pushed = merged_state_dict(model)
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert pushed.keys() == reference.keys()
+    for k in reference:
+        assert torch.allclose(pushed[k], reference[k], atol=1e-6), k
+    # the live model is unmerged again: its output still differs from the base model's
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.no_grad(), model.disable_adapter():
+        plain = model(ids).logits
+    with torch.no_grad():
+        assert not torch.allclose(model(ids).logits, plain)
