@@ -8,6 +8,7 @@ first; command-line keys override it.
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -94,7 +95,13 @@ def parse_overrides(args: list[str], shortcuts: dict[str, str] | None = None) ->
     shortcuts = SHORTCUTS if shortcuts is None else shortcuts
     result: dict[str, Any] = {}
     pairs = []
-    for arg in args:
+    args = list(args)
+    for i, arg in enumerate(args):  # --config FILE / --config=FILE are config=FILE
+        if arg == "--config" and i + 1 < len(args):
+            args[i], args[i + 1] = f"config={args[i + 1]}", ""
+        elif arg.startswith("--config="):
+            args[i] = "config=" + arg.split("=", 1)[1]
+    for arg in (a for a in args if a):
         key, sep, raw = arg.partition("=")
         if not sep or not key:
             raise ConfigError(f"expected key=value, got {arg!r}")
@@ -121,9 +128,28 @@ def build(model: type[T], overrides: dict[str, Any]) -> T:
         lines = []
         for err in exc.errors():
             key = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+                close = difflib.get_close_matches(str(err["loc"][-1]), _fields_at(model, err["loc"][:-1]), n=1)
+                if close:
+                    msg += f" (did you mean {'.'.join([*map(str, err['loc'][:-1]), close[0]])}?)"
             lines.append(f"  {key}: {msg}")
         raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the (nested) config section at ``loc``, for did-you-mean hints."""
+    current: Any = model
+    for part in loc:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = field.annotation
+        for arg in getattr(current, "__args__", ()) or ():  # Optional[Section]
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                current = arg
+    return list(getattr(current, "model_fields", {}))
 
 
 def load_file(path: str) -> dict[str, Any]:

@@ -29,6 +29,13 @@ class LossSettings(Strict):
 
     @pydantic.model_validator(mode="after")
     def _valid(self) -> LossSettings:
+        given = self.model_fields_set
+        if self.loss_type == "sapo" and given & {"epsilon", "epsilon_high"}:
+            raise ValueError("epsilon/epsilon_high have no effect with loss_type=sapo (it gates with sapo_temperature_pos/neg)")
+        if self.loss_type != "sapo" and given & {"sapo_temperature_pos", "sapo_temperature_neg"}:
+            raise ValueError(f"sapo_temperature_* have no effect with loss_type={self.loss_type}")
+        if self.sampler_is_mode is None and given & {"sampler_is_level", "sampler_is_cap"}:
+            raise ValueError("sampler_is_level/sampler_is_cap have no effect with sampler_is_mode=null")
         try:
             self.to_loss_config()
         except LossConfigError as exc:
@@ -112,6 +119,8 @@ class TrainConfig(Strict):
             raise ValueError("ref_mix_alpha and ref_mix_every go together (both set, or neither)")
         if self.ref_mix_alpha is not None and (self.loss.beta == 0 or self.peft is not None):
             raise ValueError("ref_mix_alpha mixes a full-model reference: it needs loss.beta > 0 and no peft")
+        if self.eval_every == 0 and "eval_tasks" in self.model_fields_set:
+            raise ValueError("eval_tasks has no effect without eval_every > 0")
         if self.sampling.seed is None:
             self.sampling.seed = self.seed
         return self

@@ -110,7 +110,10 @@ def test_reference_mixing(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["learning_rat=1e-3"], "learning_rat: unknown key"),
+        (["learning_rat=1e-3"], r"learning_rat: unknown key \(did you mean learning_rate\?\)"),
+        (["loss.epsilom=0.1"], r"loss.epsilom: unknown key \(did you mean loss.epsilon\?\)"),
+        (["loss.loss_type=sapo", "loss.epsilon_high=0.3"], "no effect with loss_type=sapo"),
+        (["eval_tasks=10"], "eval_tasks has no effect"),
         (["sampling.temperature=0"], "training needs temperature > 0"),
         (["ref_mix_alpha=0.5", "ref_mix_every=2"], "needs loss.beta > 0"),
         (["loss.loss_type=ppo"], "loss.loss_type"),
@@ -122,6 +125,15 @@ def test_reference_mixing(tmp_path):
 def test_config_errors_name_the_key(args, message):
     with pytest.raises(ConfigError, match=message):
         build(TrainConfig, parse_overrides(args))
+
+
+def test_config_file_and_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("max_steps: 7\nloss:\n  loss_type: grpo\n  beta: 0.01\nsampling:\n  temperature: 0.9\n")
+    cfg = build(TrainConfig, parse_overrides(["--config", str(path), "max_steps=9", "loss.epsilon=0.1"]))
+    assert (cfg.max_steps, cfg.loss.loss_type, cfg.loss.beta, cfg.loss.epsilon, cfg.sampling.temperature) == (9, "grpo", 0.01, 0.1, 0.9)
+    with pytest.raises(ConfigError, match="config file not found"):
+        parse_overrides(["config=/nonexistent.yaml"])
 
 
 def test_loss_settings_mirror_loss_config():
