@@ -70,15 +70,15 @@ class TrainConfig(Strict):
     resume: str | None = Field(None, description="'latest' (in output_dir), a run folder or a checkpoint folder")
 
     # batch shape
-    max_steps: int = Field(30, ge=1, description="optimizer steps")
-    prompts_per_step: int = Field(8, ge=1, description="tasks per optimizer step")
+    max_steps: int = Field(60, ge=1, description="optimizer steps")
+    prompts_per_step: int = Field(16, ge=1, description="tasks per optimizer step")
     num_generations: int = Field(8, ge=2, description="episodes per task (the GRPO group)")
     steps_per_generation: int = Field(1, ge=1, description="optimizer steps per generation batch")
     num_iterations: int = Field(1, ge=1, description="passes over each generation batch")
     micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
 
     # optimisation
-    learning_rate: float = Field(5e-5, gt=0)
+    learning_rate: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.99)
     max_grad_norm: float | None = Field(1.0, gt=0)
@@ -108,6 +108,7 @@ class TrainConfig(Strict):
     report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)
     eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps (0: off)")
     eval_tasks: int = Field(64, ge=1)
+    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of the periodic eval (0: greedy)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps (the final step is always saved)")
     keep_checkpoints: int | None = Field(2, ge=1)
 
@@ -119,8 +120,8 @@ class TrainConfig(Strict):
             raise ValueError("ref_mix_alpha and ref_mix_every go together (both set, or neither)")
         if self.ref_mix_alpha is not None and (self.loss.beta == 0 or self.peft is not None):
             raise ValueError("ref_mix_alpha mixes a full-model reference: it needs loss.beta > 0 and no peft")
-        if self.eval_every == 0 and "eval_tasks" in self.model_fields_set:
-            raise ValueError("eval_tasks has no effect without eval_every > 0")
+        if self.eval_every == 0 and self.model_fields_set & {"eval_tasks", "eval_temperature"}:
+            raise ValueError("eval_tasks/eval_temperature have no effect without eval_every > 0")
         if self.sampling.seed is None:
             self.sampling.seed = self.seed
         return self

@@ -153,17 +153,20 @@ class Trainer:
             self.accelerator.end_training()
         return self.history[-1] if self.history else {}
 
-    def _rollout(self, tasks: list[dict[str, Any]], seed: int, n: int | None = None) -> tuple[list[TrajectoryGroup], float]:
+    def _rollout(self, tasks: list[dict[str, Any]], seed: int, n: int | None = None, engine: RolloutEngine | None = None) -> tuple[list[TrajectoryGroup], float]:
         self.policy.eval()
         start = time.perf_counter()
         n = self.cfg.num_generations if n is None else n
-        groups = anyio.run(lambda: self.engine.run(self.env, tasks, n=n, seed=seed))
+        engine = engine or self.engine
+        groups = anyio.run(lambda: engine.run(self.env, tasks, n=n, seed=seed))
         return groups, time.perf_counter() - start
 
     def evaluate(self, n: int) -> dict[str, float]:
-        """Mean reward on the first ``n`` test tasks, one episode each at the training temperature."""
+        """Mean reward on the first ``n`` test tasks, one episode each at ``eval_temperature``."""
         tasks = list(self.env.dataset("test"))[:n]
-        groups, _ = self._rollout(tasks, seed=10_000_019, n=1)
+        sampling = self.cfg.sampling.model_copy(update={"temperature": self.cfg.eval_temperature})
+        engine = RolloutEngine(self.generator, self.chat_format, rollout_config(sampling, self.cfg.rollout))
+        groups, _ = self._rollout(tasks, seed=10_000_019, n=1, engine=engine)
         rewards = [t.reward for g in groups for t in g.ok]
         out = {"eval/reward": sum(rewards) / max(1, len(rewards))}
         correct = [t.rewards.get("correct") for g in groups for t in g.ok if t.rewards.get("correct") is not None]
