@@ -98,7 +98,7 @@ class TrainConfig(Strict):
     ref_mix_every: int = Field(0, ge=0)
 
     # generation
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.7))
     rollout: RolloutSettings = Field(default_factory=lambda: RolloutSettings(max_tokens_per_turn=64, max_completion_tokens=256, max_context=1024))
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
 

@@ -114,6 +114,7 @@ class Trainer:
         self.step = 0
         self.data_pos = 0
         self.history: list[dict[str, Any]] = []
+        self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         if cfg.resume:
             self._resume(cfg.resume)
 
@@ -122,6 +123,10 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
         with RunLog(self.run_dir, self.accelerator, cfg.max_steps) as log:
+            if cfg.eval_every and self.step == 0:  # the "before" number, on the same tasks and seeds
+                before = self.evaluate(cfg.eval_tasks)
+                self.history.append({"step": 0, **before})
+                log.log(0, before)
             while self.step < cfg.max_steps:
                 t_start = time.perf_counter()
                 tasks = self._next_tasks(cfg.prompts_per_step * cfg.steps_per_generation)
@@ -167,6 +172,7 @@ class Trainer:
         sampling = self.cfg.sampling.model_copy(update={"temperature": self.cfg.eval_temperature})
         engine = RolloutEngine(self.generator, self.chat_format, rollout_config(sampling, self.cfg.rollout))
         groups, _ = self._rollout(tasks, seed=10_000_019, n=1, engine=engine)
+        self.eval_results[self.step] = [g.trajectories[0].reward if g.trajectories[0].ok else None for g in groups]
         rewards = [t.reward for g in groups for t in g.ok]
         out = {"eval/reward": sum(rewards) / max(1, len(rewards))}
         correct = [t.rewards.get("correct") for g in groups for t in g.ok if t.rewards.get("correct") is not None]
@@ -362,6 +368,8 @@ class Trainer:
             points = [(h["step"], h[key]) for h in self.history if key in h]
             if points:
                 series[key] = points
+        if series.get("accuracy") == series.get("reward/mean"):  # the only reward is correctness
+            series.pop("accuracy", None)
         if "reward/mean" in series and len(series["reward/mean"]) > 3:
             ys = smooth([y for _, y in series["reward/mean"]], 0.3)
             series["reward (smoothed)"] = [(x, y) for (x, _), y in zip(series["reward/mean"], ys)]
