@@ -376,3 +376,26 @@ def test_turn_advantages():
     assert m["num_no_reward"] == 1 and m["return_mean"] == 0.5
     adv, m = turn_advantages(rewards[:1], turns[:1], torch.tensor([0]))
     assert adv.abs().sum() == 0 and m["frac_zero_std_groups"] == 1.0  # one episode, returns [1, 1]
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "cispo", "sapo"])
+def test_global_normaliser_makes_accumulation_exact(loss_type):
+    """Micro-batches with num_items_in_batch = all active tokens sum to the full batch's loss and gradient."""
+    torch.manual_seed(0)
+    lp = (torch.randn(4, 5) - 1).requires_grad_(True)
+    old = lp.detach() + 0.1 * torch.randn(4, 5)
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    cfg = LossConfig(loss_type=loss_type)
+    n = int(mask.sum())
+    full, _ = policy_loss(lp, old, adv, mask, cfg, num_items_in_batch=n)
+    (g_full,) = torch.autograd.grad(full, lp)
+    parts = [policy_loss(lp[i], old[i], adv[i], mask[i], cfg, num_items_in_batch=n)[0] for i in (slice(0, 1), slice(1, 4))]
+    total = parts[0] + parts[1]
+    (g_acc,) = torch.autograd.grad(total, lp)
+    assert torch.allclose(total, full, atol=1e-6)
+    assert torch.allclose(g_acc, g_full, atol=1e-6)
+    # bnpo normalises locally, so the same split would not add up: that is why the trainer averages it.
+    b_full, _ = policy_loss(lp, old, adv, mask, LossConfig(loss_type="bnpo"))
+    b_parts = sum(policy_loss(lp[i], old[i], adv[i], mask[i], LossConfig(loss_type="bnpo"))[0] for i in (slice(0, 1), slice(1, 4)))
+    assert not torch.allclose(b_parts, b_full)

@@ -49,15 +49,15 @@ def test_train_writes_metrics_curve_samples_and_checkpoint(tmp_path):
 
 
 def test_resume_is_exact(tmp_path):
-    straight = Trainer(config(tmp_path / "a", "max_steps=3", "save_every=1"))
+    straight = Trainer(config(tmp_path / "a", "max_steps=4", "save_every=2"))
     straight.train()
-    first = Trainer(config(tmp_path / "b", "max_steps=1", "save_every=1"))
+    first = Trainer(config(tmp_path / "b", "max_steps=2", "save_every=2"))
     first.train()
-    resumed = Trainer(config(tmp_path / "b", "max_steps=3", "save_every=1", "resume=latest"))
-    assert resumed.step == 1
+    resumed = Trainer(config(tmp_path / "b", "max_steps=4", "save_every=2", "resume=latest"))
+    assert resumed.step == 2 and resumed.data_pos == 4
     resumed.train()
-    a = weights(tmp_path / "a" / "checkpoints" / "step-000003")
-    b = weights(tmp_path / "b" / "checkpoints" / "step-000003")
+    a = weights(tmp_path / "a" / "checkpoints" / "step-000004")
+    b = weights(tmp_path / "b" / "checkpoints" / "step-000004")
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -76,6 +76,11 @@ def test_reference_kinds_and_kl(tmp_path):
     assert kl == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
     lora = Trainer(config(tmp_path / "lora", "max_steps=2", "loss.beta=0.1", "peft.r=4", "learning_rate=1e-2"))
     assert lora.reference.kind == "disabled-adapter"
+    probe = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        untrained = lora.policy(probe).logits
+        with lora.reference.active() as ref:
+            assert torch.allclose(ref(probe).logits, untrained, atol=1e-6)  # before any update: equal
     lora.train()
     # After training the adapter, the reference (adapters off) still equals the untouched base model.
     from agentrl.models import load_model
