@@ -21,7 +21,9 @@ from agentrl.chat.types import ToolCall
 from agentrl.tool import Tool, ToolError
 
 Outcome = Literal["ok", "error", "timeout", "unknown_tool", "bad_json", "bad_args", "oversized", "bad_output"]
-FAILURES: tuple[str, ...] = ("error", "timeout", "unknown_tool", "bad_json", "bad_args", "bad_output")
+FAILURES: frozenset[str] = frozenset({"error", "timeout", "unknown_tool", "bad_json", "bad_args", "bad_output"})
+# Failures that mean the model wrote a broken call (as opposed to a tool failing on a good call).
+MALFORMED: frozenset[str] = frozenset({"bad_json", "bad_args", "unknown_tool"})
 
 
 @dataclass

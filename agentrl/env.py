@@ -67,6 +67,37 @@ class Reward:
         return None if math.isnan(value) else value
 
 
+def reward_context(
+    task: dict[str, Any], messages: list[Message], state: dict[str, Any], turn: int, tool_records: list[Any]
+) -> dict[str, Any]:
+    """The keyword arguments a reward function may ask for (see ``Reward``)."""
+    last = next((m for m in reversed(messages) if m.get("role") == "assistant"), {})
+    return {
+        **task,
+        "messages": messages,
+        "completion": last.get("content") or "",
+        "task": task,
+        "state": state,
+        "turn": turn,
+        "tool_records": tool_records,
+    }
+
+
+async def score(
+    rewards: Sequence[Reward], context: dict[str, Any], *, per_turn: bool, episode: bool
+) -> tuple[float, dict[str, float | None]]:
+    """Weighted total and components of the per-turn and/or per-episode rewards for ``context``."""
+    components: dict[str, float | None] = {}
+    total = 0.0
+    for r in rewards:
+        if (per_turn and r.per_turn) or (episode and not r.per_turn):
+            value = await r(context)
+            components[r.name] = value
+            if value is not None:
+                total += r.weight * value
+    return total, components
+
+
 def as_reward(obj: Reward | Callable[..., Any] | tuple[Callable[..., Any], float]) -> Reward:
     if isinstance(obj, Reward):
         return obj
@@ -90,10 +121,12 @@ class Environment:
         raise NotImplementedError(f"{type(self).__name__} has no task dataset")
 
     async def reset(self, task: dict[str, Any] | None = None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
-        raise NotImplementedError
+        """Start an episode: the opening messages and an info dict. Every environment implements it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reset(task, seed)")
 
     async def step(self, message: Message | ParsedResponse) -> StepResult:
-        raise NotImplementedError
+        """Answer one assistant turn. Every environment implements it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement step(message)")
 
     async def finish(self) -> tuple[float, dict[str, float | None]]:
         """Score an episode that the engine cut short (token or context budget).
@@ -237,15 +270,7 @@ class ToolEnvironment(Environment):
         truncated = not terminated and ep["turn"] >= self.max_turns
         ep["done"] = terminated or truncated
 
-        context = self._reward_context(ep)
-        components: dict[str, float | None] = {}
-        reward = 0.0
-        for r in self.rewards:
-            if r.per_turn or ep["done"]:
-                value = await r(context)
-                components[r.name] = value
-                if value is not None:
-                    reward += r.weight * value
+        reward, components = await score(self.rewards, self._reward_context(ep), per_turn=True, episode=ep["done"])
         info = {"rewards": components, "tool_records": [rec.to_dict() for rec in records], "turn": ep["turn"]}
         return new_messages, reward, terminated, truncated, info
 
@@ -254,29 +279,10 @@ class ToolEnvironment(Environment):
         if ep is None or ep["done"]:
             return 0.0, {}
         ep["done"] = True
-        context = self._reward_context(ep)
-        components: dict[str, float | None] = {}
-        reward = 0.0
-        for r in self.rewards:
-            if not r.per_turn:
-                value = await r(context)
-                components[r.name] = value
-                if value is not None:
-                    reward += r.weight * value
-        return reward, components
+        return await score(self.rewards, self._reward_context(ep), per_turn=False, episode=True)
 
     def _reward_context(self, ep: dict[str, Any]) -> dict[str, Any]:
-        last = next((m for m in reversed(ep["messages"]) if m.get("role") == "assistant"), {})
-        context = dict(ep["task"])
-        context.update(
-            messages=ep["messages"],
-            completion=last.get("content") or "",
-            task=ep["task"],
-            state=ep["state"],
-            turn=ep["turn"],
-            tool_records=ep["tool_records"],
-        )
-        return context
+        return reward_context(ep["task"], ep["messages"], ep["state"], ep["turn"], ep["tool_records"])
 
     @property
     def episode(self) -> dict[str, Any] | None:

@@ -31,10 +31,9 @@ HEADLINE = (
 class RunLog:
     """Metrics file, optional trackers, and the live view of one run."""
 
-    def __init__(self, run_dir: Path, accelerator: Any, max_steps: int, live: bool | None = None) -> None:
+    def __init__(self, run_dir: Path, accelerator: Any, live: bool | None = None) -> None:
         self.run_dir = run_dir
         self.accelerator = accelerator
-        self.max_steps = max_steps
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
         self.live = sys.stdout.isatty() if live is None else live

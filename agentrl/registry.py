@@ -49,26 +49,27 @@ def resolve(spec: str) -> Callable[..., Any]:
         raise UnknownEnvironment(f"environment spec must be a non-empty string, got {spec!r}")
     if spec in _REGISTRY:
         target = _REGISTRY[spec]
-        return _load(target) if isinstance(target, str) else target
+        return load_object(target) if isinstance(target, str) else target
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == spec:
             return ep.load()
     if ":" in spec:
-        return _load(spec)
+        return load_object(spec)
     raise UnknownEnvironment(
         f"unknown environment {spec!r}. Known: {', '.join(registered())}. "
         "Or give 'package.module:Class' or 'path/to/file.py:Class'."
     )
 
 
-def _load(target: str) -> Callable[..., Any]:
+def load_object(target: str) -> Callable[..., Any]:
+    """The object named by ``"module:attr"`` or ``"path/to/file.py:attr"`` (environments, reward functions)."""
     where, _, attr = target.rpartition(":")
     if not where or not attr:
-        raise UnknownEnvironment(f"bad environment spec {target!r}: expected 'module:Class' or 'file.py:Class'")
+        raise UnknownEnvironment(f"bad spec {target!r}: expected 'module:Class' or 'file.py:Class'")
     if where.endswith(".py"):
         path = Path(where).expanduser().resolve()
         if not path.is_file():
-            raise UnknownEnvironment(f"environment file not found: {path}")
+            raise UnknownEnvironment(f"file not found: {path}")
         mod_name = f"agentrl_user_env_{abs(hash(str(path)))}"
         module = sys.modules.get(mod_name)
         if module is None:
@@ -81,8 +82,8 @@ def _load(target: str) -> Callable[..., Any]:
         try:
             module = importlib.import_module(where)
         except ImportError as exc:
-            raise UnknownEnvironment(f"cannot import {where!r} for environment spec {target!r}: {exc}") from exc
+            raise UnknownEnvironment(f"cannot import {where!r} for spec {target!r}: {exc}") from exc
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise UnknownEnvironment(f"{where!r} has no attribute {attr!r} (environment spec {target!r})") from None
+        raise UnknownEnvironment(f"{where!r} has no attribute {attr!r} (spec {target!r})") from None

@@ -27,15 +27,15 @@ from typing import Any
 import anyio
 import torch
 
-from agentrl.checkpoint import checkpoint_dir, latest_checkpoint, load_checkpoint, resolve_resume, save_checkpoint
+from agentrl.checkpoint import checkpoint_dir, load_checkpoint, resolve_resume, save_checkpoint
 from agentrl.config import rollout_config
 from agentrl.dispatch import ToolRecord
-from agentrl.env import Reward
+from agentrl.env import Reward, reward_context, score
 from agentrl.logprobs import token_logprobs
 from agentrl.losses import group_advantages, policy_loss
 from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
-from agentrl.registry import make, resolve
+from agentrl.registry import load_object, make
 from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.metrics import rollout_metrics
 from agentrl.train_config import TrainConfig
@@ -113,6 +113,7 @@ class Trainer:
         self.train_data = train
         self.step = 0
         self.data_pos = 0
+        self.epoch = 0
         self.history: list[dict[str, Any]] = []
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         if cfg.resume:
@@ -122,7 +123,7 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         cfg = self.cfg
-        with RunLog(self.run_dir, self.accelerator, cfg.max_steps) as log:
+        with RunLog(self.run_dir, self.accelerator) as log:
             if cfg.eval_every and self.step == 0:  # the "before" number, on the same tasks and seeds
                 before = self.evaluate(cfg.eval_tasks)
                 self.history.append({"step": 0, **before})
@@ -191,12 +192,8 @@ class Trainer:
                 group_ids.append(g)
         if not trajs:
             raise RuntimeError("every episode of this generation batch failed; see the rollout errors in samples.jsonl")
-        for t in trajs:
-            for r in self.extra_rewards:
-                value = anyio.run(r, _reward_context(t))
-                t.rewards[r.name] = value
-                if value is not None:
-                    t.reward += r.weight * value
+        if self.extra_rewards:
+            anyio.run(self._score_extra, trajs)
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
         adv, adv_metrics = group_advantages(rewards, torch.tensor(group_ids), scale=self.cfg.advantage_scale)
         metrics: dict[str, float] = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0}
@@ -211,6 +208,15 @@ class Trainer:
 
         rows = [(s, float(adv[i]), t.truncated) for i, t in enumerate(trajs) for s in t.samples if s.num_sampled > 0]
         return self._collate(rows), metrics
+
+    async def _score_extra(self, trajs: list[Trajectory]) -> None:
+        """Add the ``extra_rewards`` to each trajectory's reward and components."""
+        for t in trajs:
+            records = [ToolRecord(**r) for turn in t.turns for r in turn.tool_records]
+            context = reward_context(t.task, t.messages, {}, len(t.turns), records)
+            total, components = await score(self.extra_rewards, context, per_turn=True, episode=True)
+            t.rewards.update(components)
+            t.reward += total
 
     def _collate(self, rows: list[tuple[Any, float, bool]]) -> dict[str, Any]:
         """Left-padded prompts, right-padded completions, so completions align for ``logits_to_keep``."""
@@ -336,7 +342,8 @@ class Trainer:
         for _ in range(n):
             if self.data_pos >= len(self.order):  # new epoch, new order, still reproducible
                 self.data_pos = 0
-                random.Random(self.cfg.seed + len(self.history) + 1).shuffle(self.order)
+                self.epoch += 1
+                random.Random(self.cfg.seed + self.epoch).shuffle(self.order)
             out.append(dict(self.train_data[self.order[self.data_pos]]))
             self.data_pos += 1
         return out
@@ -344,7 +351,7 @@ class Trainer:
     def save(self) -> Path:
         path = checkpoint_dir(self.run_dir, self.step)
         model = self.accelerator.unwrap_model(self.policy)
-        state = {"step": self.step, "data_pos": self.data_pos, "order": self.order, "history": self.history, "policy_kind": self.policy_kind}
+        state = {"step": self.step, "data_pos": self.data_pos, "epoch": self.epoch, "order": self.order, "history": self.history, "policy_kind": self.policy_kind}
         save_checkpoint(path, model, self.tokenizer, self.optimizer, self.scheduler, state)
         if self.cfg.keep_checkpoints:
             done = sorted(p for p in (self.run_dir / "checkpoints").iterdir() if p.name.startswith("step-") and not p.name.endswith(".tmp"))
@@ -355,7 +362,8 @@ class Trainer:
     def _resume(self, resume: str) -> None:
         path = resolve_resume(resume, self.run_dir)
         state = load_checkpoint(path, self.accelerator.unwrap_model(self.policy), self.optimizer, self.scheduler)
-        self.step, self.data_pos, self.order, self.history = state["step"], state["data_pos"], state["order"], state["history"]
+        self.step, self.data_pos, self.epoch = state["step"], state["data_pos"], state["epoch"]
+        self.order, self.history = state["order"], state["history"]
         print(f"resumed from {path} at step {self.step}", flush=True)
 
     def _write_curve(self) -> None:
@@ -389,15 +397,5 @@ def _check_trackers(names: list[str]) -> None:
 
 
 def _load_reward(spec: Any) -> Reward:
-    fn = resolve(spec.fn)
+    fn = load_object(spec.fn)
     return Reward(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
-
-
-def _reward_context(t: Trajectory) -> dict[str, Any]:
-    last = next((m for m in reversed(t.messages) if m.get("role") == "assistant"), {})
-    records = [ToolRecord(**r) for turn in t.turns for r in turn.tool_records]
-    return {**t.task, "messages": t.messages, "completion": last.get("content") or "", "task": t.task, "state": {}, "turn": len(t.turns), "tool_records": records}
-
-
-def latest_run_checkpoint(run_dir: str) -> Path | None:
-    return latest_checkpoint(Path(run_dir))

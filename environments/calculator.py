@@ -17,6 +17,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from agentrl.dispatch import MALFORMED
 from agentrl.env import Reward, ToolEnvironment
 from agentrl.tools.calculator import Calculator, format_number
 
@@ -48,8 +49,7 @@ def correct(completion: str, answer: str) -> float:
 
 def well_formatted(completion: str, tool_records: list[Any]) -> float:
     """1.0 when at least one tool call was made, none was malformed, and the answer is stated as asked."""
-    malformed = {"bad_json", "bad_args", "unknown_tool"}
-    if not tool_records or any(r.kind in malformed for r in tool_records):
+    if not tool_records or any(r.kind in MALFORMED for r in tool_records):
         return 0.0
     return float(ANSWER_RE.search(completion or "") is not None)
 

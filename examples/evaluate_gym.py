@@ -17,9 +17,9 @@ import torch
 
 import agentrl
 from agentrl.chat import get_chat_format
+from agentrl.dispatch import MALFORMED
 from agentrl.models import load_model, load_tokenizer
 
-MALFORMED = {"bad_json", "bad_args", "unknown_tool"}
 
 
 def generate(model, fmt, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:

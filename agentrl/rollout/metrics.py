@@ -5,10 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from agentrl.dispatch import FAILURES, MALFORMED
 from agentrl.trajectory import Trajectory, TrajectoryGroup
-
-MALFORMED = {"bad_json", "bad_args", "unknown_tool"}
-FAILURE_KINDS = {"error", "timeout", "unknown_tool", "bad_json", "bad_args", "bad_output"}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,7 +37,7 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
         "turns/mean": _mean(turns),
         "turns/max": max(turns, default=0),
         "tools/calls": len(records),
-        "tools/failures": sum(r["kind"] in FAILURE_KINDS for r in records),
+        "tools/failures": sum(r["kind"] in FAILURES for r in records),
         "tools/latency_p50_s": percentile(latencies, 50),
         "tools/latency_p95_s": percentile(latencies, 95),
         "tools/well_formed_rate": 1 - len(malformed_turns) / len(call_turns) if call_turns else 0.0,
@@ -51,7 +49,7 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
     }
     for kind, count in sorted(Counter(r["kind"] for r in records if r["kind"] != "ok").items()):
         out[f"tools/failures/{kind}"] = count
-    for (tool, kind), count in sorted(Counter((r["tool"], r["kind"]) for r in records if r["kind"] in FAILURE_KINDS).items()):
+    for (tool, kind), count in sorted(Counter((r["tool"], r["kind"]) for r in records if r["kind"] in FAILURES).items()):
         out[f"tools/failures/{tool}/{kind}"] = count
     for reason, count in sorted(Counter(t.finish_reason for t in trajs).items()):
         out[f"finish/{reason}"] = count
