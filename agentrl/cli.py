@@ -1,4 +1,4 @@
-"""The ``agentrl`` command: ``eval``, ``envs``, ``check`` (and ``train`` once the trainer lands).
+"""The ``agentrl`` command: ``train``, ``eval``, ``envs``, ``check``, ``doctor``, ``view``, ``vllm-serve``.
 
 Arguments are ``key=value`` overrides of a strict pydantic config (``agentrl eval env=calculator
 model=default n=100 k=4 sampling.temperature=0.7``); ``config=file.yaml`` loads a file first.
@@ -18,7 +18,17 @@ commands:
   eval    evaluate a model on an environment (pass@k, results.jsonl, summary.json)
   envs    list the environments make() knows
   check   run check_env on an environment: agentrl check env=<name|module:Class|file.py:Class>
+  doctor  check a tokenizer's chat template for tool calling and token fidelity (agentrl doctor model=...)
+  view    write an HTML page of a run's or an eval's trajectories (agentrl view <run folder|results.jsonl>)
+  vllm-serve  start a vLLM generation server for training (agentrl vllm-serve model=...)
 """
+
+# Commands that live in their own modules: name -> "module:function(args) -> int".
+MODULE_COMMANDS = {
+    "doctor": "agentrl.doctor:main",
+    "view": "agentrl.viewer:main",
+    "vllm-serve": "agentrl.generators.vllm_serve:main",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     from agentrl.registry import UnknownEnvironment
 
     commands = {"train": cmd_train, "eval": cmd_eval, "envs": cmd_envs, "check": cmd_check}
+    if command in MODULE_COMMANDS:
+        import importlib
+
+        module, _, func = MODULE_COMMANDS[command].partition(":")
+        commands[command] = getattr(importlib.import_module(module), func)
     if command not in commands:
         print(f"agentrl: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
