@@ -17,6 +17,13 @@ PLAIN_CHATML = (
     "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+# Renders tools and calls, but in a syntax no parser knows.
+UNKNOWN_SYNTAX = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' + (tools | tojson) + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content }}"
+    "{%- for call in message.tool_calls or [] %}{{- 'CALL ' + call.function.name }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 CONVERSATIONS: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
     ([{"role": "user", "content": "Hi"}], {}),
     ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}], {}),
@@ -96,18 +103,37 @@ def test_explicit_format_wins(qwen3_tok: Any, smollm2_tok: Any) -> None:
         get_chat_format(qwen3_tok, chat_format="nonexistent")
 
 
-@pytest.mark.parametrize("case", ["smollm2", "plain_template", "no_template"])
-def test_no_tool_syntax_is_a_clear_error(case: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    if case == "smollm2":
-        tok = request.getfixturevalue("smollm2_tok")
-    else:
-        tok = build_tiny_tokenizer(tmp_path, PLAIN_CHATML)
-        if case == "no_template":
-            tok.chat_template = None
+@pytest.mark.parametrize("case", ["smollm2", "plain_template"])
+def test_chatml_without_tools_gets_the_tools_template(case: str, request: pytest.FixtureRequest,
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    """A ChatML template that renders no tools is detected by its turn markers and gets ours."""
+    tok = request.getfixturevalue("smollm2_tok") if case == "smollm2" else build_tiny_tokenizer(tmp_path, PLAIN_CHATML)
+    fmt = get_chat_format(tok)
+    assert fmt.name == "chatml_tools" and fmt.chat_template == default_template()
+    assert "chatml_tools.jinja" in fmt.template_source and "writes no" in fmt.template_source
+    assert "<tools>" in fmt.render_text([{"role": "user", "content": "Hi"}], TOOLS)
+    # The override still wins.
+    assert get_chat_format(tok, "hermes").chat_template is None
+
+
+@pytest.mark.parametrize("case", ["no_template", "unknown_syntax"])
+def test_no_tool_syntax_is_a_clear_error(case: str, tmp_path: Path) -> None:
+    template = PLAIN_CHATML if case == "no_template" else UNKNOWN_SYNTAX
+    tok = build_tiny_tokenizer(tmp_path, template)
+    if case == "no_template":
+        tok.chat_template = None
     with pytest.raises(ValueError) as err:
         get_chat_format(tok)
     message = str(err.value)
     assert "'hermes'" in message and "'qwen3'" in message and "default_template()" in message, message
+
+
+def test_available_formats_are_all_constructible(qwen3_tok: Any) -> None:
+    names = chat.available_formats()
+    assert {"hermes", "qwen3", "chatml_tools"} <= set(names)
+    for name in names:
+        fmt = get_chat_format(qwen3_tok, name)
+        assert fmt.name == name and fmt.template_source
 
 
 # ------------------------------------------------------------------ registry and packaging

@@ -1,30 +1,37 @@
 """Chat formats: tokenizer-specific rendering, response parsing and exact token bridging.
 
 ``get_chat_format(tokenizer)`` is the entry point; it detects the tool-call family from what the
-chat template renders.
+chat template renders. ``available_formats()`` lists the names it accepts as an override.
 """
 
 from __future__ import annotations
 
 from importlib.resources import files
-from typing import Any
 
+from agentrl.chat import families as _families  # noqa: F401  (registers the built-in formats)
 from agentrl.chat.base import BridgeResult, ChatFormat
 from agentrl.chat.detect import detect_format
+from agentrl.chat.formats import FormatSpec, available_formats, format_spec, register_format
 from agentrl.chat.parsers import ResponseParser, available_parsers, get_parser, register_parser
+from agentrl.chat.select import get_chat_format
 from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
 
 __all__ = [
     "BridgeResult",
     "ChatFormat",
+    "FormatSpec",
     "ParseIssue",
     "ParsedResponse",
     "ResponseParser",
     "ToolCall",
+    "available_formats",
     "available_parsers",
+    "detect_format",
+    "format_spec",
     "default_template",
     "get_chat_format",
     "get_parser",
+    "register_format",
     "register_parser",
 ]
 
@@ -32,20 +39,3 @@ __all__ = [
 def default_template() -> str:
     """agentrl's own ChatML + tools template (prefix-preserving, Hermes-style calls)."""
     return files("agentrl.chat").joinpath("templates/chatml_tools.jinja").read_text(encoding="utf-8")
-
-
-def get_chat_format(
-    tokenizer: Any,
-    chat_format: str | ChatFormat | None = None,
-    chat_template: str | None = None,
-) -> ChatFormat:
-    """The :class:`ChatFormat` for ``tokenizer``.
-
-    A ChatFormat instance is returned as is; a name picks that parser; otherwise the format is
-    detected from what the (override or tokenizer's) template renders, raising a ValueError that
-    names the options when the template has no known tool-call syntax.
-    """
-    if isinstance(chat_format, ChatFormat):
-        return chat_format
-    name = chat_format if chat_format is not None else detect_format(tokenizer, chat_template)
-    return ChatFormat(tokenizer, get_parser(name), chat_template=chat_template, name=name)

@@ -9,7 +9,7 @@ that the template does not rewrite what came before (:meth:`ChatFormat.bridge`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,16 +43,22 @@ class ChatFormat:
         parser: ResponseParser,
         chat_template: str | None = None,
         name: str | None = None,
+        template_source: str | None = None,
+        adapt_messages: Callable[[list[Message]], list[Message]] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.parser = parser
         self.chat_template = chat_template
         self.name = name or parser.name
+        # Where the template comes from ("tokenizer", "override", a bundled or training template):
+        # shown in logs and by `agentrl doctor`, because it decides whether bridges can be proven.
+        self.template_source = template_source or ("override" if chat_template is not None else "tokenizer")
+        # Some real templates need another message shape (e.g. arguments as JSON strings).
+        self._adapt = adapt_messages
         self._eot_ids, self._stop_ids = self._find_end_tokens()
 
     def __repr__(self) -> str:
-        template = "override" if self.chat_template is not None else "tokenizer's"
-        return f"ChatFormat(name={self.name!r}, template={template}, eot={self.eot_token_ids})"
+        return f"ChatFormat(name={self.name!r}, template={self.template_source!r}, eot={self.eot_token_ids})"
 
     # ---------------------------------------------------------------- rendering
     def render_text(
@@ -63,8 +69,9 @@ class ChatFormat:
         **template_kwargs: Any,
     ) -> str:
         """The chat template's text for ``messages`` (mostly for debugging and probes)."""
+        msgs = self._adapt(list(messages)) if self._adapt is not None else list(messages)
         return self.tokenizer.apply_chat_template(
-            list(messages),
+            msgs,
             tools=list(tools) if tools else None,
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
@@ -126,8 +133,12 @@ class ChatFormat:
         return ids, stop
 
     # ---------------------------------------------------------------- parsing
-    def parse(self, token_ids: Sequence[int]) -> ParsedResponse:
-        """Parse a generated turn; the end-of-turn token is cut off. Never raises on model output."""
+    def parse(self, token_ids: Sequence[int], tools: Sequence[Message] | None = None) -> ParsedResponse:
+        """Parse a generated turn; the end-of-turn token is cut off. Never raises on model output.
+
+        ``tools`` (the schemas the prompt showed) lets families that write arguments as untyped
+        text (Qwen3.5-style XML parameters) restore argument types; JSON families ignore it.
+        """
         ids = list(token_ids)
         stop = set(self._stop_ids)
         cut = next((i for i, t in enumerate(ids) if t in stop), None)
@@ -143,7 +154,7 @@ class ChatFormat:
         except Exception as exc:  # invalid ids from a broken sampler
             return ParsedResponse(content="", issues=[*framing, ParseIssue("decode_error", repr(exc))])
         try:
-            result = self.parser.parse(text)
+            result = self.parser.parse_with_tools(text, tools) if tools else self.parser.parse(text)
         except Exception as exc:  # a parser bug must not kill a rollout
             return ParsedResponse(content=text, issues=[*framing, ParseIssue("parser_error", repr(exc))])
         result.issues = result.issues + framing

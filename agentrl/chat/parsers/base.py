@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 from agentrl.chat.types import ParsedResponse
 
@@ -29,6 +30,7 @@ class TemplateProbe:
     generation_prompt: str  # what ``add_generation_prompt=True`` appends
     generation_prompt_no_thinking: str  # the same with ``enable_thinking=False``
     tool_name: str = "agentrl_probe_tool"  # the name of the probe call in ``tool_call_turn``
+    tools_shown: bool = True  # whether the template wrote the probe tool's schema anywhere
     errors: tuple[str, ...] = field(default_factory=tuple)  # probes the template refused to render
 
     def adds(self, marker: str) -> bool:
@@ -44,6 +46,10 @@ class ResponseParser(ABC):
     @abstractmethod
     def parse(self, text: str) -> ParsedResponse:
         """Parse ``text``; report problems as issues, never raise."""
+
+    def parse_with_tools(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedResponse:
+        """Parse knowing the tool schemas of the prompt; only untyped-argument syntaxes need them."""
+        return self.parse(text)
 
     @classmethod
     def matches(cls, probe: TemplateProbe) -> bool:

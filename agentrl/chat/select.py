@@ -1,0 +1,66 @@
+"""``get_chat_format``: from a tokenizer (and optional overrides) to a ready :class:`ChatFormat`.
+
+Template choice, in order: an explicit ``chat_template`` always wins; a format that supplies its
+own tools template uses it when the tokenizer's template writes no tool calls of its syntax; a
+format with a training template uses it only after checking it against the tokenizer's template
+(a fork that differs keeps its own template, and bridges fall back to counted splits). The choice
+is logged and kept in ``ChatFormat.template_source``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from agentrl.chat.base import ChatFormat
+from agentrl.chat.detect import detect_format, probe_template
+from agentrl.chat.formats import FormatSpec, format_spec
+from agentrl.chat.parsers import get_parser
+
+log = logging.getLogger(__name__)
+
+
+def get_chat_format(
+    tokenizer: Any,
+    chat_format: str | ChatFormat | None = None,
+    chat_template: str | None = None,
+    training_template: bool = True,
+) -> ChatFormat:
+    """The :class:`ChatFormat` for ``tokenizer``.
+
+    A ChatFormat instance is returned as is; a name picks that format (see
+    ``agentrl.chat.available_formats()``); otherwise the format is detected from what the
+    (override or tokenizer's) template renders, raising a ValueError that names the options when
+    the template has no known tool-call syntax. ``training_template=False`` keeps the tokenizer's
+    template even where the format has a verified training template.
+    """
+    if isinstance(chat_format, ChatFormat):
+        return chat_format
+    name = chat_format if chat_format is not None else detect_format(tokenizer, chat_template)
+    spec = format_spec(name)
+    if chat_template is not None:
+        template, source = chat_template, "override"
+    else:
+        template, source = choose_template(tokenizer, spec, training_template)
+    fmt = ChatFormat(
+        tokenizer, get_parser(spec.parser), chat_template=template, name=name, template_source=source,
+        adapt_messages=spec.adapt_messages,
+    )  # fmt: skip
+    log.info("chat format %s, template: %s", name, source)
+    return fmt
+
+
+def choose_template(tokenizer: Any, spec: FormatSpec, training_template: bool = True) -> tuple[str | None, str]:
+    """(template to use, None = the tokenizer's; a description of the choice)."""
+    own = getattr(tokenizer, "chat_template", None)
+    if spec.template is not None and (not own or not spec.writes_syntax(probe_template(tokenizer))):
+        why = "has no chat template" if not own else f"writes no {spec.name!r} tool calls"
+        return spec.template_text(), f"agentrl {spec.template} (the tokenizer's template {why})"
+    if spec.training_template is not None and training_template and own:
+        training = spec.template_text(training=True) or ""
+        problem = spec.verify_training(tokenizer, own, training) if spec.verify_training else None
+        if problem is None:
+            return training, f"training template {spec.training_template} (verified against the tokenizer's)"
+        log.warning("chat format %s: training template not used: %s", spec.name, problem)
+        return None, f"tokenizer (training template rejected: {problem})"
+    return None, "tokenizer"
