@@ -36,6 +36,7 @@ class SamplingConfig(Strict):
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0, lt=1)
     seed: int | None = None
+    min_tokens: int = Field(0, ge=0, description="mask stop tokens until this many tokens per turn")
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(**self.model_dump())

@@ -37,9 +37,15 @@ def model_path(tmp_path_factory) -> str:
     return str(path)
 
 
-@pytest.fixture
-def gen(model_path) -> TransformersGenerator:
-    return TransformersGenerator.from_pretrained(model_path, device="cpu", dtype=torch.float32, pad_token_id=0, gather_window_s=0.05)
+@pytest.fixture(params=[False, True], ids=["dynamic-cache", "static-cache"])
+def gen(model_path, request) -> TransformersGenerator:
+    """Every behaviour test runs on both decode paths (the static one eagerly here, as a graph on CUDA)."""
+    g = TransformersGenerator.from_pretrained(model_path, device="cpu", dtype=torch.float32, pad_token_id=0, gather_window_s=0.05)
+    if request.param:
+        from agentrl.generators.static_decode import StaticDecoder
+
+        g.static = StaticDecoder(g.model, g.pad_token_id, use_graphs=False)
+    return g
 
 
 def run_all(gen: TransformersGenerator, requests: list[tuple[list[int], SamplingParams]]) -> list[Generation]:
@@ -219,17 +225,19 @@ def test_max_context(model_path):
 
 
 def test_batch_failure_fails_only_that_batch(gen, monkeypatch):
-    real = gen._forward
+    owner = gen.static or gen  # the object whose forward the decode path calls
+    name = "forward" if gen.static else "_forward"
+    real = getattr(owner, name)
 
     def boom(*args, **kwargs):
         raise RuntimeError("CUDA out of memory (simulated)")
 
     async def main() -> Generation:
-        monkeypatch.setattr(gen, "_forward", boom)
+        monkeypatch.setattr(owner, name, boom)
         with pytest.raises(GenerationError, match="out of memory") as info:
             await gen.generate(PROMPTS[0], SamplingParams(max_tokens=3))
         assert isinstance(info.value.__cause__, RuntimeError)
-        monkeypatch.setattr(gen, "_forward", real)
+        monkeypatch.setattr(owner, name, real)
         res = await gen.generate(PROMPTS[0], SamplingParams(max_tokens=3))
         await gen.close()
         return res
@@ -291,3 +299,18 @@ def test_sampling_follows_the_distribution(model_path):
     for tok in probs.topk(3).indices.tolist():
         p = probs[tok].item()
         assert abs(counts[tok].item() / n - p) < 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_min_tokens_masks_stop_tokens_until_reached(gen):
+    free = run_all(gen, [(PROMPTS[1], SamplingParams(temperature=0, max_tokens=8))])[0].token_ids
+    stop = free[0]  # greedy would stop at once if this were a stop token
+    gen2 = TransformersGenerator(gen.model, 0, gather_window_s=0.05)
+    gen2.static = gen.static and type(gen.static)(gen.model, 0, use_graphs=False)
+    plain, forced = run_all(gen2, [
+        (PROMPTS[1], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop])),
+        (PROMPTS[1], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop], min_tokens=4)),
+    ])
+    assert plain.token_ids == [stop] and plain.finish_reason == "stop"
+    assert len(forced.token_ids) >= 4 and stop not in forced.token_ids[:4]
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=-1)

@@ -17,7 +17,11 @@ FinishReason = Literal["stop", "length", "abort"]
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling settings. ``top_k=0`` and ``top_p=1`` and ``min_p=0`` mean no filtering."""
+    """Per-request sampling settings. ``top_k=0`` and ``top_p=1`` and ``min_p=0`` mean no filtering.
+
+    ``min_tokens``: stop tokens are masked until this many tokens were generated (as vLLM's
+    ``min_tokens`` and transformers' ``min_new_tokens``); used to benchmark fixed-length decoding.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -26,6 +30,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -38,6 +43,8 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
 
     @property
     def greedy(self) -> bool:

@@ -135,6 +135,24 @@ def sample_next(
     return tokens, logprobs
 
 
+def _suppress_early_stops(
+    logits: torch.Tensor, reqs: list[_Request], rows: list[int], counts: list[int], stops: list[set[int]]
+) -> torch.Tensor:
+    """Mask the stop tokens of rows that have not yet produced ``min_tokens`` tokens (vectorised)."""
+    early = [j for j, i in enumerate(rows) if counts[i] < reqs[i].sampling.min_tokens and stops[i]]
+    if not early:
+        return logits
+    cols = sorted(set().union(*(stops[rows[j]] for j in early)))
+    block = torch.zeros((logits.shape[0], len(cols)), dtype=torch.bool)
+    for j in early:
+        for c, col in enumerate(cols):
+            block[j, c] = col in stops[rows[j]]
+    cols_t = torch.tensor(cols, device=logits.device)
+    logits = logits.clone()
+    logits[:, cols_t] = logits[:, cols_t].masked_fill(block.to(logits.device), -math.inf)
+    return logits
+
+
 class TransformersGenerator:
     """Serve concurrent ``generate`` calls from one HF causal LM by batching them.
 
@@ -152,6 +170,7 @@ class TransformersGenerator:
         max_batch_size: int = 256,
         gather_window_s: float = 0.005,
         max_context: int | None = None,
+        static_cache: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -173,6 +192,15 @@ class TransformersGenerator:
         self._weights_lock = threading.Lock()  # held for a whole batch, so weights never change mid-batch
         self._thread: threading.Thread | None = None
         self._closed = False
+        # Static cache + CUDA graphs by default on CUDA (see static_decode.py); eager elsewhere.
+        from agentrl.generators.static_decode import StaticDecoder
+
+        want_static = self.device.type == "cuda" if static_cache is None else static_cache
+        if want_static and not StaticDecoder.supports(model):
+            if static_cache:
+                raise ValueError("static_cache=True: this model (sliding-window or mixed attention) or transformers version is not supported")
+            want_static = False
+        self.static = StaticDecoder(model, self.pad_token_id) if want_static else None
 
     @classmethod
     def from_pretrained(
@@ -350,6 +378,8 @@ class TransformersGenerator:
 
     def _decode(self, reqs: list[_Request]) -> list[Generation]:
         """Left-padded prefill, then one token per step for the rows still running."""
+        if self.static is not None:
+            return self._decode_static(reqs)
         dev, n = self.device, len(reqs)
         lens = [len(r.prompt) for r in reqs]
         width = max(lens)
@@ -372,7 +402,10 @@ class TransformersGenerator:
         rows = list(range(n))  # batch row -> request index; shrinks as rows finish
         cache = self._new_cache()
         logits = self._forward(ids, mask, positions, cache)
+        any_min = any(r.sampling.min_tokens > 0 for r in reqs)
         while True:
+            if any_min:
+                logits = _suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
             tok, lp = sample_next(logits, [reqs[i].sampling for i in rows], [gens[i] for i in rows])
             tok_list, lp_list = tok.tolist(), lp.tolist()
             for j, i in enumerate(rows):
@@ -398,5 +431,44 @@ class TransformersGenerator:
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             logits = self._forward(tok[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
+        self.stats["tokens_generated"] += sum(len(t) for t in tokens)
+        return [Generation(tokens[i], logprobs[i], finish[i] or "abort") for i in range(n)]
+
+    def _decode_static(self, reqs: list[_Request]) -> list[Generation]:
+        """The same loop over a static cache: rows never shrink, each step is one graph replay."""
+        assert self.static is not None
+        n = len(reqs)
+        gens = [None if r.sampling.seed is None else torch.Generator().manual_seed(r.sampling.seed) for r in reqs]
+        stops = [set(r.sampling.stop_token_ids) for r in reqs]
+        params = [r.sampling for r in reqs]
+        tokens: list[list[int]] = [[] for _ in reqs]
+        logprobs: list[list[float]] = [[] for _ in reqs]
+        finish: list[FinishReason | None] = [None] * n
+        batch = self.static.start([r.prompt for r in reqs], max(r.max_tokens for r in reqs))
+        self.stats["forward_passes"] += 1
+        logits = batch.prefill_logits
+        rows = list(range(n))
+        any_min = any(p.min_tokens > 0 for p in params)
+        while True:
+            if any_min:
+                logits = _suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
+            tok, lp = sample_next(logits, params, gens)
+            tok_list, lp_list = tok.tolist(), lp.tolist()
+            for i in range(n):
+                if finish[i] is not None:
+                    continue
+                if reqs[i].cancelled:
+                    finish[i] = "abort"
+                    continue
+                tokens[i].append(tok_list[i])
+                logprobs[i].append(lp_list[i])
+                if tok_list[i] in stops[i]:
+                    finish[i] = "stop"
+                elif len(tokens[i]) >= reqs[i].max_tokens:
+                    finish[i] = "length"
+            if all(f is not None for f in finish):
+                break
+            logits = batch.step(tok)
+            self.stats["forward_passes"] += 1
         self.stats["tokens_generated"] += sum(len(t) for t in tokens)
         return [Generation(tokens[i], logprobs[i], finish[i] or "abort") for i in range(n)]
