@@ -51,9 +51,51 @@ class RolloutSettings(Strict):
 
 
 class GeneratorSettings(Strict):
-    backend: Literal["transformers"] = "transformers"
+    """Which backend generates, and its knobs (a knob of another backend is an error).
+
+    ``transformers``: batches concurrent requests over the policy module itself. ``vllm``: an
+    in-process vLLM engine (docs/vllm.md). ``vllm-server``: a vLLM server started with
+    ``agentrl vllm-serve``, possibly on another machine.
+    """
+
+    backend: Literal["transformers", "vllm", "vllm-server"] = "transformers"
+    # transformers
     max_batch_size: int = Field(256, ge=1)
     gather_window_s: float = Field(0.005, ge=0)
+    # vllm (colocated)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory vLLM may take")
+    max_model_len: int | None = Field(None, ge=16, description="vLLM context length (None: rollout.max_context)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: float32 on CPU, bfloat16 on CUDA")
+    enable_sleep_mode: bool = Field(False, description="CUDA only: free vLLM's GPU memory during training steps")
+    enforce_eager: bool | None = Field(None, description="None: eager on CPU, CUDA graphs on GPU")
+    # vllm-server
+    url: str = Field("http://127.0.0.1:8000", description="base URL of an `agentrl vllm-serve` server")
+    timeout_s: float = Field(60.0, gt=0, description="how long connection failures are retried (backoff) before giving up")
+    request_timeout_s: float = Field(600.0, gt=0, description="how long one request may wait for its answer")
+
+    @pydantic.model_validator(mode="after")
+    def _knobs_match_backend(self) -> GeneratorSettings:
+        owners = {
+            "transformers": {"max_batch_size", "gather_window_s"},
+            "vllm": {"gpu_memory_utilization", "max_model_len", "dtype", "enable_sleep_mode", "enforce_eager"},
+            "vllm-server": {"url", "timeout_s", "request_timeout_s"},
+        }
+        for backend, knobs in owners.items():
+            stray = sorted(knobs & self.model_fields_set) if backend != self.backend else []
+            if stray:
+                raise ValueError(f"{', '.join(stray)}: only for backend={backend}, not backend={self.backend}")
+        return self
+
+
+def require_backend(settings: GeneratorSettings) -> None:
+    """Fail at start-up, with one line on how to install it, when the chosen backend is missing."""
+    if settings.backend == "vllm":
+        import importlib.util
+
+        from agentrl.generators.vllm_common import VLLM_INSTALL_HINT
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError(f"generator=vllm: {VLLM_INSTALL_HINT}")
 
 
 class ModelSettings(Strict):
@@ -88,7 +130,7 @@ def rollout_config(sampling: SamplingConfig, rollout: RolloutSettings) -> Rollou
     return RolloutConfig(sampling=sampling.to_params(), **rollout.model_dump())
 
 
-SHORTCUTS = {"model": "model.path", "temperature": "sampling.temperature"}
+SHORTCUTS = {"model": "model.path", "temperature": "sampling.temperature", "generator": "generator.backend"}
 
 
 def parse_overrides(args: list[str], shortcuts: dict[str, str] | None = None) -> dict[str, Any]:

@@ -1,4 +1,59 @@
-"""Generation backends behind one async protocol."""
+"""Generation backends behind one async protocol, and the factory that picks one from the config."""
+from __future__ import annotations
+
+from typing import Any
+
 from agentrl.generators.base import FinishReason, Generation, Generator, SamplingParams
 
-__all__ = ["FinishReason", "Generation", "Generator", "SamplingParams"]
+__all__ = ["FinishReason", "Generation", "Generator", "SamplingParams", "build_generator"]
+
+
+def build_generator(
+    settings: Any,
+    *,
+    model_path: str,
+    pad_token_id: int,
+    max_context: int,
+    model: Any = None,
+    seed: int = 0,
+) -> Generator:
+    """The generator ``settings`` (a ``config.GeneratorSettings``) asks for; training and eval share it.
+
+    ``model``: the loaded policy module, used in place by the transformers backend (so it sees
+    every optimizer step without a copy); the vLLM backends load ``model_path`` themselves and get
+    weights pushed through ``update_weights``. Backends are imported only when chosen, so vLLM
+    stays optional.
+    """
+    backend = settings.backend
+    if backend == "transformers":
+        from agentrl.generators.transformers import TransformersGenerator
+
+        if model is None:
+            raise ValueError("the transformers backend generates with a loaded model; pass model=")
+        return TransformersGenerator(
+            model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size, gather_window_s=settings.gather_window_s
+        )
+    if backend == "vllm":
+        import torch
+
+        from agentrl.generators.vllm import VLLMGenerator
+        from agentrl.models import resolve_model
+
+        dtype = settings.dtype
+        if dtype == "auto":  # what the trainer computes logprobs in on this device
+            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        return VLLMGenerator.from_pretrained(
+            resolve_model(model_path),
+            dtype=dtype,
+            max_model_len=settings.max_model_len or max_context,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            enable_sleep_mode=settings.enable_sleep_mode,
+            enforce_eager=settings.enforce_eager,
+            seed=seed,
+            max_context=max_context,
+        )
+    if backend == "vllm-server":
+        from agentrl.generators.vllm_client import VLLMServerGenerator
+
+        return VLLMServerGenerator(settings.url, timeout_s=settings.timeout_s, request_timeout_s=settings.request_timeout_s)
+    raise ValueError(f"unknown generator backend {backend!r}; known: transformers, vllm, vllm-server")

@@ -34,6 +34,9 @@ Stable API (signatures the server mode relies on):
 - ``reload_in_process(llm_engine, named) -> None``: in-place reload into an in-process engine
   (``LLMEngine`` built with ``multiprocess_mode=False``), re-pack a tied output layer, reset the
   prefix cache.
+- ``repack_tied_head(worker) -> None``: run on the worker (e.g. ``collective_rpc``) after any
+  ``reload_weights``: re-derives a tied ``lm_head``'s packed CPU kernel weights from the reloaded
+  embedding (without it, a tied model keeps computing logits with the old embedding).
 
 Logprob semantics: vLLM's ``processed_logprobs`` are ``log_softmax`` of the logits after
 temperature, min-p, top-k and top-p (in that order), which is our contract (``base.py``) with one
@@ -61,6 +64,7 @@ __all__ = [
     "normalize_named_tensors",
     "push_weights",
     "reload_in_process",
+    "repack_tied_head",
     "require_vllm",
     "save_for_reload",
     "to_generation",
@@ -250,13 +254,13 @@ def reload_in_process(llm_engine: Any, named: Mapping[str, torch.Tensor] | Itera
 
     def _reload(worker: Any) -> None:
         worker.reload_weights(weights_iterator=iter(items), is_checkpoint_format=True)
-        _repack_tied_head(worker)
+        repack_tied_head(worker)
 
     llm_engine.collective_rpc(_reload)
     llm_engine.reset_prefix_cache(reset_running_requests=True)
 
 
-def _repack_tied_head(worker: Any) -> None:
+def repack_tied_head(worker: Any) -> None:
     """Re-derive the output layer's kernel weights when it shares the (just reloaded) embedding.
 
     The layer-wise reload skips a tied ``lm_head`` (no checkpoint tensor names it), but on CPU its
