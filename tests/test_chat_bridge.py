@@ -172,15 +172,28 @@ def test_smollm2_real_template() -> None:
 # ------------------------------------------------------------------ Qwen3's real template
 @pytest.fixture(scope="module")
 def qwen3() -> ChatFormat:
+    """Qwen3's own template, as inference uses it (the training template is tested below)."""
+    return get_chat_format(load_asset_tokenizer("qwen3"), training_template=False)
+
+
+@pytest.fixture(scope="module")
+def qwen3_training() -> ChatFormat:
     return get_chat_format(load_asset_tokenizer("qwen3"))
+
+
+def test_qwen3_uses_the_verified_training_template(qwen3: ChatFormat, qwen3_training: ChatFormat) -> None:
+    assert qwen3.template_source == "tokenizer" and qwen3.chat_template is None
+    assert qwen3_training.template_source.startswith("training template qwen3_training.jinja")
+    assert get_chat_format(qwen3.tokenizer, chat_template=qwen3.tokenizer.chat_template).template_source == "override"
 
 
 def test_qwen3_tool_result_after_reasoning(qwen3: ChatFormat) -> None:
     assert bridge_text(qwen3, assistant(REASONING), [tool_result(WEATHER)]) == CHATML_TOOL_TURN
 
 
-def test_qwen3_multi_round_tool_loop_with_reasoning(qwen3: ChatFormat) -> None:
-    run_rounds(qwen3, [
+@pytest.mark.parametrize("which", ["qwen3", "qwen3_training"])
+def test_qwen3_multi_round_tool_loop_with_reasoning(which: str, request: pytest.FixtureRequest) -> None:
+    run_rounds(request.getfixturevalue(which), [
         (assistant(REASONING), [tool_result(WEATHER)]),
         (assistant("Now Lyon.", "Checking Lyon too.", city="Lyon"), [tool_result("{}"), tool_result("{}")]),
         (assistant("Last one.", city="Nice"), [tool_result(WEATHER)]),
@@ -188,18 +201,35 @@ def test_qwen3_multi_round_tool_loop_with_reasoning(qwen3: ChatFormat) -> None:
 
 
 @pytest.mark.parametrize("template_kwargs", [{}, {"enable_thinking": False}])
-def test_qwen3_tool_result_without_reasoning_is_not_provable(qwen3: ChatFormat, template_kwargs: dict) -> None:
+def test_qwen3_tool_result_without_reasoning_is_not_provable(qwen3: ChatFormat, qwen3_training: ChatFormat,
+                                                             template_kwargs: dict) -> None:  # fmt: skip
     """Qwen3 writes an empty <think> block into the *final* assistant turn but drops it from an
-    earlier turn without reasoning, so appending tool results rewrites that turn."""
+    earlier turn without reasoning, so appending tool results rewrites that turn; the training
+    template keeps the block, so there the same bridge is proven."""
     reason = refusal(qwen3, assistant(None), [tool_result(WEATHER)], **template_kwargs)
     assert "first differ at token" in reason and "<think>" in reason, reason
+    empty_think = "<think>\n\n</think>\n\n" if template_kwargs else ""  # thinking off: the prompt closes it
+    text = bridge_text(qwen3_training, assistant(None), [tool_result(WEATHER)], **template_kwargs)
+    assert text == CHATML_TOOL_TURN + empty_think
 
 
-def test_qwen3_new_user_turn_strips_reasoning(qwen3: ChatFormat) -> None:
+def test_qwen3_new_user_turn_strips_reasoning(qwen3: ChatFormat, qwen3_training: ChatFormat) -> None:
     """A new (non tool-response) user message moves Qwen3's 'last query' and strips earlier reasoning."""
     reply = {"role": "assistant", "content": "Sunny.", "reasoning_content": REASONING}
-    reason = refusal(qwen3, reply, [{"role": "user", "content": "Thanks! Tomorrow?"}])
+    follow = [{"role": "user", "content": "Thanks! Tomorrow?"}]
+    reason = refusal(qwen3, reply, follow)
     assert "first differ at token" in reason and "<think>" in reason, reason
+    assert bridge_text(qwen3_training, reply, follow) == \
+        "\n<|im_start|>user\nThanks! Tomorrow?<|im_end|>\n<|im_start|>assistant\n"  # fmt: skip
+
+
+def test_qwen3_training_episode_with_thinking_off_and_new_user_turns(qwen3_training: ChatFormat) -> None:
+    final = {"role": "assistant", "content": "Sunny, 21 degrees."}
+    run_rounds(qwen3_training, [
+        (assistant(None), [tool_result(WEATHER)]),
+        (final, [{"role": "user", "content": "Thanks! And 1+2?"}]),
+        (assistant(None, "Adding.", city="Lyon"), [tool_result("3")]),
+    ], enable_thinking=False)  # fmt: skip
 
 
 def test_qwen3_refuses_when_stopped_on_endoftext(qwen3: ChatFormat) -> None:

@@ -45,6 +45,7 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
         "tokens/environment": env_tokens,
         "truncated_rate": _mean([float(t.truncated) for t in ok]),
         "prefix_splits": sum(t.splits for t in ok),
+        "bridges/proven": sum(turn.bridge == "proven" for t in ok for turn in t.turns),
         "reward/mean": _mean([t.reward for t in ok]),
     }
     for kind, count in sorted(Counter(r["kind"] for r in records if r["kind"] != "ok").items()):

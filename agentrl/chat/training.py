@@ -1,0 +1,159 @@
+"""Checking a training template against the original it stands in for.
+
+A training template replaces a template that rewrites history (Qwen3 drops earlier reasoning), so
+that bridges between turns can be proven. It is only safe if nothing trained differs from what the
+model sees at inference. :func:`training_template_problems` checks that on generated conversations,
+in token space, for every assistant turn:
+
+1. the trained tokens are the same: the last assistant turn renders to the same ids under both
+   templates, and the generation prompt before it is the same;
+2. everything but the assistant turns' reasoning blocks is the same (system, tools, user and tool
+   turns), so only history the original would have hidden differs;
+3. the training template is prefix-preserving: the render of a conversation is a token prefix of
+   the render after any further messages, with a generation prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable
+from typing import Any
+
+Message = dict[str, Any]
+Conversation = tuple[list[Message], list[Message] | None, dict[str, Any]]  # messages, tools, template kwargs
+
+_TOOLS = [
+    {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+     "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}},
+    {"type": "function", "function": {"name": "add", "description": "Add two numbers.",
+     "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}},
+]  # fmt: skip
+_WORDS = ["sun", "rain", "Paris", "42", "x = 1", "héllo", "a\nb", "{\"k\": 1}", "  padded  ", "end."]
+
+
+def random_conversations(n: int, seed: int = 0) -> list[Conversation]:
+    """``n`` seeded conversations mixing tool loops, new user turns, reasoning present / empty /
+    absent, several calls per turn, and thinking switched on and off."""
+    rng = random.Random(seed)
+    out: list[Conversation] = []
+    for _ in range(n):
+        thinking = rng.random() >= 0.25
+        messages: list[Message] = []
+        if rng.random() < 0.5:
+            messages.append({"role": "system", "content": "Be brief. " + rng.choice(_WORDS)})
+        messages.append({"role": "user", "content": "Question: " + rng.choice(_WORDS)})
+        for turn in range(rng.randint(1, 5)):
+            reply: Message = {"role": "assistant", "content": rng.choice(["", "", "Sure.", "The answer is " + rng.choice(_WORDS)])}
+            kind = rng.random() if thinking else 1.0  # thinking off: the model writes no reasoning
+            if kind < 0.5:
+                reply["reasoning_content"] = "Think: " + rng.choice(_WORDS)
+            elif kind < 0.65:
+                reply["reasoning_content"] = ""
+            calls = rng.choice([0, 1, 1, 2]) if turn < 4 else 0
+            if calls:
+                reply["tool_calls"] = [
+                    {"type": "function", "id": f"call_{turn}_{k}", "function": {
+                        "name": "add", "arguments": {"a": rng.randint(-5, 5), "b": rng.choice([1.5, 2, True])}}}
+                    for k in range(calls)
+                ]  # fmt: skip
+            elif not reply["content"]:
+                reply["content"] = "Done."
+            messages.append(reply)
+            if calls:
+                for k in range(calls):
+                    messages.append({"role": "tool", "tool_call_id": f"call_{turn}_{k}", "name": "add",
+                                     "content": json.dumps({"sum": rng.randint(0, 9)})})  # fmt: skip
+            else:
+                messages.append({"role": "user", "content": "Next: " + rng.choice(_WORDS)})
+        tools = _TOOLS if rng.random() < 0.8 else None
+        kwargs = {} if thinking else {"enable_thinking": False}
+        out.append((messages, tools, kwargs))
+    return out
+
+
+def training_template_problems(
+    tokenizer: Any,
+    original: str,
+    training: str,
+    conversations: list[Conversation],
+    hidden: Callable[[str], str],
+    limit: int = 5,
+) -> list[str]:
+    """Up to ``limit`` descriptions of where ``training`` may not stand in for ``original``.
+
+    ``hidden(text)`` removes what the original may legitimately hide in history (for Qwen3, the
+    reasoning blocks of assistant turns), so that the rest can be compared exactly.
+    """
+
+    def ids(template: str, messages: list[Message], tools: Any, gen: bool, kwargs: dict) -> list[int]:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=gen, **kwargs
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def text(template: str, messages: list[Message], tools: Any, kwargs: dict) -> str:
+        return tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False, **kwargs)
+
+    problems: list[str] = []
+    for c, (messages, tools, kwargs) in enumerate(conversations):
+        ends = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        for end in ends:
+            history, upto = messages[:end], messages[: end + 1]
+            where = f"conversation {c}, assistant turn at message {end}"
+            try:
+                o_prompt, o_full = ids(original, history, tools, True, kwargs), ids(original, upto, tools, False, kwargs)
+                t_prompt, t_full = ids(training, history, tools, True, kwargs), ids(training, upto, tools, False, kwargs)
+            except Exception as exc:
+                problems.append(f"{where}: a template failed to render: {exc!r}")
+                continue
+            if o_full[: len(o_prompt)] != o_prompt or t_full[: len(t_prompt)] != t_prompt:
+                problems.append(f"{where}: a generation prompt is not a prefix of its turn")
+            elif o_full[len(o_prompt) :] != t_full[len(t_prompt) :]:
+                problems.append(f"{where}: the trained turn differs: {_show(tokenizer, o_full[len(o_prompt):], t_full[len(t_prompt):])}")
+            elif _gen_tail(tokenizer, o_prompt) != _gen_tail(tokenizer, t_prompt):
+                problems.append(f"{where}: the generation prompt differs: {_show(tokenizer, o_prompt[-12:], t_prompt[-12:])}")
+            elif hidden(text(original, upto, tools, kwargs)) != hidden(text(training, upto, tools, kwargs)):
+                problems.append(f"{where}: turns other than reasoning differ")
+            # Prefix preservation of the training template from here to the end of the conversation.
+            if end + 1 < len(messages):
+                later = ids(training, messages[: _next_assistant(messages, end)], tools, True, kwargs)
+                if later[: len(t_full)] != t_full:
+                    j = next(i for i, (x, y) in enumerate(zip(t_full, later)) if x != y) if len(later) >= len(t_full) else len(later)
+                    problems.append(f"{where}: the training template rewrites history at token {j}")
+            if len(problems) >= limit:
+                return problems
+    return problems
+
+
+def _next_assistant(messages: list[Message], end: int) -> int:
+    """Index of the next assistant turn after ``end`` (or the end): what a bridge would append."""
+    return next((i for i in range(end + 1, len(messages)) if messages[i]["role"] == "assistant"), len(messages))
+
+
+def _gen_tail(tokenizer: Any, prompt: list[int]) -> str:
+    """The generation prompt: the text after the last occurrence of the role header."""
+    text = tokenizer.decode(prompt, skip_special_tokens=False)
+    return text[text.rfind("assistant") :]
+
+
+def _show(tokenizer: Any, a: list[int], b: list[int]) -> str:
+    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    dec = lambda ids: tokenizer.decode(ids[j : j + 8], skip_special_tokens=False)  # noqa: E731
+    return f"first difference at token {j}: original {dec(a)!r} vs training {dec(b)!r}"
+
+
+_THINK = re.compile(r"<think>.*?</think>\n\n", re.DOTALL)
+_AFTER_HEADER = re.compile(r"(<\|im_start\|>assistant\n)\n+")
+
+
+def qwen3_hidden(text: str) -> str:
+    """What remains of a Qwen3 render once assistant reasoning blocks (kept or dropped) are removed."""
+    return _AFTER_HEADER.sub(r"\1", _THINK.sub("", text))
+
+
+def verify_qwen3_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """Quick check at ``get_chat_format`` time (a fork of Qwen3's template must not get ours)."""
+    problems = training_template_problems(tokenizer, original, training, random_conversations(8, seed=0), qwen3_hidden, limit=1)
+    return problems[0] if problems else None
