@@ -1,0 +1,223 @@
+"""``agentrl doctor model=<path|hub id>``: is this tokenizer's chat template safe to train tool use on?
+
+It answers, from renders in token space, the questions that decide whether a multi-turn RL run
+trains what inference sees: which chat format is detected (and how), whether tool schemas reach
+the prompt, whether tool calls survive render -> parse with their argument types, whether the
+template keeps history stable across assistant -> tool -> assistant turns (with and without
+reasoning), whether the end-of-turn token is trained, and optionally whether the model itself
+stops and writes parseable calls. Non-zero exit on failure, so it can gate a run. See docs/doctor.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pydantic import ConfigDict, Field
+
+from agentrl.config import ConfigError, Strict, build, parse_overrides
+from agentrl.doctor import checks as C
+from agentrl.doctor import material as M
+from agentrl.doctor.report import Report, write
+
+__all__ = ["DoctorConfig", "DoctorError", "diagnose", "load_tokenizer", "main"]
+
+
+class DoctorError(ConfigError):
+    """Bad input to the doctor (no such model, unreadable template): one line, exit status 2."""
+
+
+class DoctorConfig(Strict):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    model: str = Field("default", description="'default' (bundled), a local folder or a hub id (cached when offline)")
+    chat_format: str | None = Field(None, description="override detection (see agentrl.chat.available_formats())")
+    chat_template: str | None = Field(None, description="a .jinja file, or 'agentrl' for agentrl's ChatML + tools template")
+    training_template: bool = Field(True, description="allow a format's verified training template, as training does")
+    check_model: bool = Field(False, description="also load the model: vocabulary size and one greedy turn")
+    env: str | None = Field(None, description="with check_model: generate from this environment's first episode")
+    max_new_tokens: int = Field(128, ge=1)
+    device: str | None = None
+    strict: bool = Field(False, description="warnings fail too (exit 1)")
+    as_json: bool = Field(False, alias="json", description="machine-readable output")
+
+
+def main(args: list[str]) -> int:
+    """``agentrl doctor``: print the report, return its exit code (2 for bad input, via DoctorError)."""
+    args = ["json=true" if a == "--json" else "strict=true" if a == "--strict" else a for a in args]
+    cfg = build(DoctorConfig, parse_overrides(args, shortcuts={}))
+    report = diagnose(cfg)
+    write(report, cfg.as_json)
+    return report.exit_code
+
+
+def diagnose(cfg: DoctorConfig) -> Report:
+    """Run every check for ``cfg`` and collect them in a :class:`Report`."""
+    tokenizer = load_tokenizer(cfg.model)
+    template = _template_override(cfg.chat_template)
+    fmt, format_check, how = _chat_format(tokenizer, cfg, template)
+    report = Report(
+        model=cfg.model,
+        tokenizer=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens, from {_where(tokenizer, cfg.model)}",
+        chat_format=getattr(fmt, "name", None),
+        how=how,
+        template=_template_source(fmt, cfg, template),
+        end_of_turn=C.show_ids(tokenizer, fmt.eot_token_ids) if fmt is not None else "(unknown: no chat format)",
+        checks=[format_check],
+        strict=cfg.strict,
+    )
+    report.checks.append(C.check_tool_schemas(tokenizer, template, fmt))
+    names = ["tool-call round trip", "end-of-turn token trained", *_PREFIX_CHECKS]
+    if fmt is None:
+        report.checks += [C.Check(n, C.SKIP, "no chat format") for n in names]
+        if cfg.check_model:
+            report.checks.append(C.Check("greedy generation parses", C.SKIP, "no chat format"))
+        return report
+    renders, reads = C.renders_reasoning(fmt), C.reads_reasoning(fmt)
+    thinking = renders and reads
+    report.checks += [C.check_round_trip(fmt, thinking), C.check_end_of_turn(fmt)]
+    for name, (rounds, with_reasoning) in _PREFIX_CHECKS.items():
+        if with_reasoning is True and not thinking:
+            why = f"the {fmt.name!r} format does not parse reasoning back" if renders else "the template does not render reasoning_content"
+            report.checks.append(C.Check(name, C.SKIP, why))
+        else:
+            report.checks.append(C.check_prefix(fmt, name, rounds(thinking if with_reasoning is None else with_reasoning)))
+    if cfg.check_model:
+        report.checks += _model_checks(fmt, cfg)
+    return report
+
+
+# name -> (episode, with reasoning: False, True, or None = when the template renders it)
+_PREFIX_CHECKS: dict[str, tuple[Any, bool | None]] = {
+    "prefix: assistant -> tool -> assistant": (M.tool_loop, False),
+    "prefix: same, with reasoning": (M.tool_loop, True),
+    "prefix: assistant -> user -> assistant": (M.user_turn, None),
+}
+
+
+def _model_checks(fmt: Any, cfg: DoctorConfig) -> list[C.Check]:
+    from agentrl.doctor.model_check import check_generation, check_vocab, load_for_check
+
+    model, failed = load_for_check(cfg.model, cfg.device)
+    if failed is not None:
+        return [failed]
+    vocab = check_vocab(model, fmt.tokenizer)
+    if vocab.status == C.FAIL:
+        return [vocab, C.Check("greedy generation parses", C.SKIP, "the model does not fit the tokenizer")]
+    return [vocab, check_generation(fmt, model, cfg.env, cfg.max_new_tokens)]
+
+
+# ----------------------------------------------------------------------------- chat format
+def _chat_format(tokenizer: Any, cfg: DoctorConfig, template: str | None) -> tuple[Any, C.Check, str]:
+    """The ChatFormat to check, the check line saying which one, and how it was chosen."""
+    from agentrl import chat
+
+    detect_format, get_chat_format = chat.detect_format, chat.get_chat_format
+    listing = getattr(chat, "available_formats", None) or chat.available_parsers
+    name = "chat format"
+    options = f"chat_format= one of {listing()}"
+    if cfg.chat_format is not None:
+        how = f"override chat_format={cfg.chat_format}"
+    else:
+        try:
+            detected = detect_format(tokenizer, template)
+        except ValueError as exc:
+            hint = "" if template else "; or chat_template=agentrl for agentrl's ChatML + tools template"
+            return None, C.Check(name, C.FAIL, f"not detected: {exc}", [f"pass {options}{hint}"]), "detection failed"
+        how = "detected from render probes"
+    kwargs: dict[str, Any] = {}
+    if "training_template" in inspect.signature(get_chat_format).parameters:
+        kwargs["training_template"] = cfg.training_template
+    try:
+        fmt = get_chat_format(tokenizer, cfg.chat_format, template, **kwargs)
+    except (ValueError, KeyError) as exc:
+        return None, C.Check(name, C.FAIL, f"{exc}", [f"pass {options}"]), how
+    return fmt, C.Check(name, C.PASS, f"{fmt.name!r}, {how}"), how
+
+
+def _template_override(spec: str | None) -> str | None:
+    if spec is None:
+        return None
+    if spec == "agentrl":
+        from agentrl.chat import default_template
+
+        return default_template()
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise DoctorError(f"chat_template={spec}: no such file (give a .jinja file, or 'agentrl' for agentrl's ChatML + tools template)")
+    return path.read_text(encoding="utf-8")
+
+
+def _template_source(fmt: Any, cfg: DoctorConfig, template: str | None) -> str:
+    if cfg.chat_template is not None:
+        label = "agentrl's ChatML + tools template" if cfg.chat_template == "agentrl" else cfg.chat_template
+        return f"override chat_template={label}"
+    source = getattr(fmt, "template_source", None)
+    return str(source) if source else "the tokenizer's chat template"
+
+
+# ----------------------------------------------------------------------------- loading
+def load_tokenizer(spec: str) -> Any:
+    """A tokenizer from ``default``, a local folder, or a hub id (the local cache first; one clear error offline)."""
+    from transformers import AutoTokenizer
+
+    from agentrl.models import resolve_model
+
+    path = Path(resolve_model(spec)).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise DoctorError(f"model={spec}: {path} is a file; pass the folder that holds the tokenizer files")
+        try:
+            return AutoTokenizer.from_pretrained(path)
+        except Exception as exc:
+            raise DoctorError(f"model={spec}: no tokenizer could be loaded from {path}: {_first_line(exc)}") from None
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise DoctorError(f"model={spec}: no such folder")
+    try:
+        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
+    except Exception as exc:
+        cached_error = _first_line(exc)
+    from huggingface_hub import constants
+
+    offline = _hub_unreachable(constants.ENDPOINT, bool(constants.HF_HUB_OFFLINE))
+    if offline:
+        raise DoctorError(
+            f"model={spec}: not a local folder and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
+            f"and the hub cannot be reached ({offline}). Download it where there is network "
+            f"(`hf download {spec}`) or pass a local folder."
+        )
+    try:
+        return AutoTokenizer.from_pretrained(spec)
+    except Exception as exc:
+        raise DoctorError(f"model={spec}: no tokenizer in the cache ({cached_error}) nor on the hub: {_first_line(exc)}") from None
+
+
+def _hub_unreachable(endpoint: str, offline_flag: bool) -> str | None:
+    """Why the hub cannot be reached, or None; checked in a second so an offline run does not retry for a minute."""
+    if offline_flag:
+        return "HF_HUB_OFFLINE is set"
+    host = urlparse(endpoint).hostname or endpoint
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError as exc:
+        return f"{host}: {exc.strerror or exc}"
+    return None
+
+
+def _where(tokenizer: Any, spec: str) -> str:
+    path = getattr(tokenizer, "name_or_path", "") or spec
+    return path if os.path.isabs(path) or spec != path else spec
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{exc.__class__.__name__}: {text[0] if text else ''}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,380 @@
+"""The doctor's checks of a chat format: each renders real conversations and compares in token space.
+
+Every check returns a :class:`Check` (PASS / WARN / FAIL / SKIP, a one-line summary, details and
+token diffs). FAIL means training would silently learn something other than what inference sees
+(or cannot work at all); WARN means agentrl copes, visibly (e.g. an unprovable bridge is split and
+counted), but a person should know.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.doctor import material as M
+from agentrl.doctor.diff import TokenDiff, token_diff, value_differences
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+_RANK = {SKIP: 0, PASS: 1, WARN: 2, FAIL: 3}
+
+
+@dataclass
+class Check:
+    """One line of the report, with what a person needs to act on it."""
+
+    name: str
+    status: str
+    summary: str
+    details: list[str] = field(default_factory=list)
+    diffs: list[TokenDiff] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)  # longer text worth showing (rendered prompt, output)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "summary": self.summary,
+            "details": list(self.details),
+            "diffs": [d.to_dict() for d in self.diffs],
+            "texts": dict(self.texts),
+        }
+
+
+def worst(statuses: Sequence[str]) -> str:
+    return max(statuses, key=_RANK.__getitem__, default=PASS)
+
+
+# ----------------------------------------------------------------------------- helpers
+def decoder(tokenizer: Any):  # noqa: ANN201 - a small closure
+    return lambda i: tokenizer.decode([i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def parse(fmt: Any, ids: Sequence[int], tools: Sequence[Any] | None = None) -> Any:
+    """``fmt.parse`` with the tool schemas where the format accepts them (typed XML families need them)."""
+    if tools is not None and "tools" in inspect.signature(fmt.parse).parameters:
+        return fmt.parse(list(ids), tools=list(tools))
+    return fmt.parse(list(ids))
+
+
+@dataclass
+class Turn:
+    """An assistant turn rendered the way the engine sees it: prompt ids, then what the model generates."""
+
+    prompt: list[int]
+    full: list[int]  # render(history + [reply]) without a generation prompt
+    generated: list[int] | None  # full[len(prompt):] through the first stop token; None: prompt not a prefix
+    stopped: bool  # a stop token closes the generated part
+
+
+def render_turn(fmt: Any, history: list[M.Message], reply: M.Message, tools: Sequence[Any] | None = M.TOOLS) -> Turn:
+    prompt = fmt.render(history, tools)
+    full = fmt.render([*history, reply], tools, add_generation_prompt=False)
+    if full[: len(prompt)] != prompt:
+        return Turn(prompt, full, None, False)
+    rest = full[len(prompt) :]
+    stop = set(fmt.stop_token_ids)
+    cut = next((i for i, t in enumerate(rest) if t in stop), None)
+    return Turn(prompt, full, rest if cut is None else rest[: cut + 1], cut is not None)
+
+
+def prompt_not_prefix(fmt: Any, turn: Turn, label: str) -> tuple[str, TokenDiff | None]:
+    diff = token_diff(decoder(fmt.tokenizer), turn.prompt, turn.full[: len(turn.prompt)], "generation prompt", "rendered turn")
+    return (
+        f"{label}: the generation prompt is not a prefix of the rendered assistant turn, so what the model "
+        "is prompted with differs from what a trained turn looks like",
+        diff,
+    )
+
+
+def renders_reasoning(fmt: Any) -> bool:
+    """Whether the template writes ``reasoning_content`` of a final assistant turn at all."""
+    marker = "agentrl doctor reasoning probe"
+    try:
+        text = fmt.render_text(
+            [{"role": "user", "content": "hi"}, M.assistant("ok", reasoning=marker)], add_generation_prompt=False
+        )
+    except Exception:
+        return False
+    return marker in text
+
+
+def reads_reasoning(fmt: Any) -> bool:
+    """Whether the format parses reasoning back: its FormatSpec's ``thinking`` flag where it has one,
+    else whether its parser returns any reasoning at all for a rendered reasoning turn."""
+    try:
+        from agentrl.chat import format_spec  # type: ignore[attr-defined]
+
+        return bool(format_spec(fmt.name).thinking)
+    except (ImportError, ValueError, AttributeError):
+        pass
+    try:
+        turn = render_turn(fmt, M.history(), M.assistant("ok", reasoning="Think first."), None)
+    except Exception:
+        return False
+    return turn.generated is not None and parse(fmt, turn.generated).reasoning is not None
+
+
+def token_window(tokenizer: Any, ids: Sequence[int], needle: str, context: int = 5) -> list[str]:
+    """The ids and pieces around where ``needle`` first appears in the decoded ``ids``."""
+    dec = decoder(tokenizer)
+    at = None
+    for k in range(1, len(ids) + 1):
+        if needle in tokenizer.decode(list(ids[:k]), skip_special_tokens=False, clean_up_tokenization_spaces=False):
+            at = k - 1
+            break
+    if at is None:
+        return [f"{needle!r} does not appear in the generated tokens"]
+    lines = [f"generated tokens around {needle!r} (token {at} of {len(ids)}):"]
+    for i in range(max(0, at - context), min(len(ids), at + context + 1)):
+        lines.append(f"  {'>' if i == at else ' '} {i:>6}  {ids[i]:>7} {dec(ids[i])!r}")
+    return lines
+
+
+def show_ids(tokenizer: Any, ids: Sequence[int]) -> str:
+    dec = decoder(tokenizer)
+    return ", ".join(f"{dec(i)!r} ({i})" for i in ids)
+
+
+def short(text: str, limit: int = 400) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
+
+
+# ----------------------------------------------------------------------------- tool schemas
+def check_tool_schemas(tokenizer: Any, template: str | None, fmt: Any = None) -> Check:
+    """Do the tool schemas reach the prompt? Names and parameters must; descriptions should."""
+    name = "tool schemas in the prompt"
+    msgs = M.history()
+
+    def render(tools: Any) -> str:
+        if fmt is not None:
+            return fmt.render_text(msgs, tools, add_generation_prompt=False)
+        return tokenizer.apply_chat_template(msgs, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=False)
+
+    try:
+        with_tools, without = render(M.TOOLS), render(None)
+    except Exception as exc:
+        return Check(name, FAIL, f"the template failed to render a conversation with tools: {exc!r}")
+    end = with_tools.find(M.USER)
+    shown = with_tools[: end + len(M.USER)] if end >= 0 else with_tools
+    texts = {"rendered prompt (system and user turns, with tools)": shown}
+    if with_tools == without:
+        return Check(name, FAIL, "the template ignores tools=: the model would never see the tool schemas", texts=texts)
+    missing, undescribed = [], []
+    for tool in M.TOOLS:
+        fn = tool["function"]
+        if fn["name"] not in with_tools:
+            missing.append(f"tool name {fn['name']!r}")
+        if fn["description"] not in with_tools:
+            undescribed.append(f"description of {fn['name']!r}")
+        for pname, prop in fn["parameters"]["properties"].items():
+            if pname not in with_tools:
+                missing.append(f"parameter {fn['name']}.{pname}")
+            elif prop.get("description") and prop["description"] not in with_tools:
+                undescribed.append(f"description of {fn['name']}.{pname}")
+    details = []
+    if M.SYSTEM not in with_tools:
+        details.append("the system message is not in the prompt when tools are given")
+    n_params = sum(len(t["function"]["parameters"]["properties"]) for t in M.TOOLS)
+    if missing:
+        return Check(name, FAIL, f"missing from the prompt: {', '.join(missing)}", details, texts=texts)
+    if undescribed or details:
+        return Check(name, WARN, f"names and parameters are there; missing: {', '.join(undescribed) or '-'}", details, texts=texts)
+    return Check(
+        name, PASS, f"{len(M.TOOLS)} tools, {n_params} parameters, all descriptions rendered "
+        f"({len(with_tools) - len(without)} chars of tool text)", texts=texts,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- round trip
+def _compare(reply: M.Message, parsed: Any) -> list[tuple[str, str]]:
+    """(problem, text to locate it by) for everything the parse lost or changed."""
+    problems: list[tuple[str, str]] = []
+    expected_calls = reply.get("tool_calls") or []
+    first_name = expected_calls[0]["function"]["name"] if expected_calls else ""
+    for issue in parsed.issues:
+        problems.append((f"parse issue {issue.kind}: {issue.detail}", first_name))
+    if (reply.get("content") or "").strip() != (parsed.content or "").strip():
+        problems.append((f"content: expected {reply.get('content')!r}, got {parsed.content!r}", ""))
+    if (reply.get("reasoning_content") or "").strip() != (parsed.reasoning or "").strip():
+        problems.append((f"reasoning: expected {reply.get('reasoning_content')!r}, got {parsed.reasoning!r}", ""))
+    if len(parsed.tool_calls) != len(expected_calls):
+        problems.append((f"expected {len(expected_calls)} tool calls, parsed {len(parsed.tool_calls)}", first_name))
+    for i, (exp, got) in enumerate(zip(expected_calls, parsed.tool_calls)):
+        fn = exp["function"]
+        where = f"call {i} ({fn['name']})"
+        if got.name != fn["name"]:
+            problems.append((f"{where}: name parsed as {got.name!r}", fn["name"]))
+        if got.arguments is None:
+            problems.append((f"{where}: arguments not parsed ({got.error}); raw text {short(got.raw_arguments or '', 160)!r}", fn["name"]))
+            continue
+        for diff in value_differences(fn["arguments"], got.arguments, f"{where} arguments"):
+            key = diff.split(":", 1)[0].rsplit(".", 1)[-1].split("[", 1)[0]
+            problems.append((diff, key))
+    return problems
+
+
+def check_round_trip(fmt: Any, thinking: bool) -> Check:
+    """Render an assistant turn with tool calls, parse its generated ids: same calls, types and text.
+
+    ``thinking``: the format reads reasoning back, so a turn with reasoning is part of the test.
+    """
+    name = "tool-call round trip"
+    details: list[str] = []
+    diffs: list[TokenDiff] = []
+    failed, drifted = [], []
+    cases = M.round_trip_cases(thinking)
+    for label, reply in cases:
+        try:
+            turn = render_turn(fmt, M.history(), reply)
+        except Exception as exc:
+            failed.append(label)
+            details.append(f"{label}: the template failed to render: {exc!r}")
+            continue
+        if turn.generated is None:
+            failed.append(label)
+            why, diff = prompt_not_prefix(fmt, turn, label)
+            details.append(why)
+            diffs += [diff] if diff else []
+            continue
+        parsed = parse(fmt, turn.generated, M.TOOLS)
+        problems = _compare(reply, parsed)
+        if problems:
+            failed.append(label)
+            details += [f"{label}: {p}" for p, _ in problems]
+            details.append(f"{label}: generated text {short(fmt.decode(turn.generated))!r}")
+            needle = next((n for _, n in problems if n), "")
+            if needle:
+                details += token_window(fmt.tokenizer, turn.generated, needle)
+            continue
+        again = fmt.render([*M.history(), parsed.to_message()], M.TOOLS, add_generation_prompt=False)
+        diff = token_diff(decoder(fmt.tokenizer), turn.full, again, "original render", "re-render of the parse")
+        if diff is not None:
+            drifted.append(label)
+            details.append(f"{label}: re-rendering the parsed message gives other tokens than the original turn")
+            diffs.append(diff)
+    n = len(cases)
+    if failed:
+        return Check(name, FAIL, f"{len(failed)} of {n} turns do not survive render -> parse: {', '.join(failed)}", details, diffs)
+    if drifted:
+        return Check(
+            name, WARN, f"calls parse back exactly, but {len(drifted)} of {n} parsed turns re-render differently "
+            "(the engine keeps the sampled ids, so training is unaffected; a re-rendered history is not)", details, diffs,
+        )  # fmt: skip
+    what = ", ".join(label for label, _ in cases)
+    return Check(name, PASS, f"{n} turns ({what}) parse back to the same calls, argument types and text")
+
+
+# ----------------------------------------------------------------------------- end of turn
+def check_end_of_turn(fmt: Any) -> Check:
+    """The turn-closing token must be inside the span the model generates, so the loss teaches stopping."""
+    name = "end-of-turn token trained"
+    eot = fmt.eot_token_ids
+    if not eot:
+        return Check(name, FAIL, "no end-of-turn token found: generation cannot stop and no bridge can be proven")
+    dec = decoder(fmt.tokenizer)
+    details: list[str] = []
+    diffs: list[TokenDiff] = []
+    status = PASS
+    cases = [
+        ("plain answer", M.assistant("The answer is 42.")),
+        ("tool call", M.assistant(calls=[M.call("get_weather", {"city": "Paris"}, "call_1")])),
+    ]
+    closers = set()
+    for label, reply in cases:
+        try:
+            turn = render_turn(fmt, M.history(), reply)
+        except Exception as exc:
+            return Check(name, FAIL, f"{label}: the template failed to render: {exc!r}")
+        if turn.generated is None:
+            why, diff = prompt_not_prefix(fmt, turn, label)
+            status = FAIL
+            details.append(why)
+            diffs += [diff] if diff else []
+            continue
+        if not turn.stopped:
+            status = FAIL
+            rest = turn.generated
+            n = len(rest)
+            while n > 0 and not dec(rest[n - 1]).strip():
+                n -= 1
+            details.append(
+                f"{label}: the rendered turn has no stop token after the generation prompt (expected "
+                f"{show_ids(fmt.tokenizer, eot[:1])}): the model is never trained to end its turn"
+            )
+            diffs.append(token_diff(dec, [*rest[:n], eot[0]], rest, "expected generated part", "rendered generated part"))
+            continue
+        closer = turn.generated[-1]
+        closers.add(closer)
+        if closer not in eot:
+            status = worst([status, WARN])
+            details.append(
+                f"{label}: the turn ends with {show_ids(fmt.tokenizer, [closer])}, a document end rather than "
+                f"the end-of-turn token {show_ids(fmt.tokenizer, eot[:1])}; bridges after it cannot be proven"
+            )
+    if status == PASS:
+        return Check(
+            name, PASS, f"{show_ids(fmt.tokenizer, sorted(closers))} closes both a plain and a tool-call turn inside the "
+            f"generated part (trained, loss mask 1); generation stops on {show_ids(fmt.tokenizer, fmt.stop_token_ids)}",
+        )  # fmt: skip
+    summary = details[0] if len(details) == 1 else f"{len(details)} problems (see details)"
+    return Check(name, status, summary, details, [d for d in diffs if d is not None])
+
+
+# ----------------------------------------------------------------------------- prefix preservation
+def check_prefix(fmt: Any, name: str, rounds: list[M.Round]) -> Check:
+    """Play an episode with parse + bridge only, as the engine does; every bridge should be proven.
+
+    Sampled ids are the template's own rendering of each reply, so a proven episode must end up with
+    exactly the ids of one fresh render of the whole conversation.
+    """
+    dec = decoder(fmt.tokenizer)
+    messages = M.history()
+    try:
+        ids = fmt.render(messages, M.TOOLS)
+    except Exception as exc:
+        return Check(name, FAIL, f"the template failed to render: {exc!r}")
+    details: list[str] = []
+    diffs: list[TokenDiff] = []
+    splits = bridges = 0
+    for k, (reply, env) in enumerate(rounds):
+        turn = render_turn(fmt, messages, reply)
+        if turn.generated is None:
+            why, diff = prompt_not_prefix(fmt, turn, f"turn {k}")
+            return Check(name, FAIL, why, [], [diff] if diff else [])
+        message = parse(fmt, turn.generated, M.TOOLS).to_message()
+        for call, original in zip(message.get("tool_calls", []), reply.get("tool_calls", [])):
+            call.setdefault("id", original.get("id"))  # the engine names calls the same way when the model does not
+        ids = ids + turn.generated
+        messages.append(message)
+        if env is None:
+            break
+        bridges += 1
+        result = fmt.bridge(messages, env, ids, M.TOOLS)
+        if result.proven:
+            ids = ids + list(result.ids or [])
+        else:
+            splits += 1
+            roles = "+".join(m["role"] for m in env)
+            details.append(f"turn {k} -> {roles}: {result.reason}")
+            before = fmt.render(messages, M.TOOLS, add_generation_prompt=False)
+            after = fmt.render([*messages, *env], M.TOOLS)
+            diff = token_diff(dec, before, after, f"render at turn {k}", f"render at turn {k + 1}")
+            if diff is not None:
+                diffs.append(diff)
+            ids = after  # the engine starts a new sample from a fresh render
+        messages += env
+    if splits:
+        return Check(
+            name, WARN, f"{splits} of {bridges} bridges not provable: the engine splits the episode there "
+            "(counted in the prefix_splits metric); use a prefix-preserving (training) template to avoid it", details, diffs,
+        )  # fmt: skip
+    fresh = fmt.render(messages, M.TOOLS, add_generation_prompt=False)
+    diff = token_diff(dec, fresh[: len(ids)], ids, "fresh render", "bridged ids")
+    if diff is not None or fmt.decode(fresh[len(ids) :]).strip():
+        return Check(
+            name, WARN, "every bridge was proven, but the bridged ids differ from one fresh render of the conversation "
+            "(parsed turns re-render differently)", details, [diff] if diff else [],
+        )  # fmt: skip
+    return Check(name, PASS, f"{len(rounds)} assistant turns, {bridges} bridges proven; the ids equal one fresh render ({len(ids)} ids)")

@@ -1,0 +1,83 @@
+"""With ``check_model=true``: does the model fit the tokenizer, and does a greedy turn stop and parse?
+
+A template can be perfect and the model still never write its end-of-turn token or its call
+syntax (a base model, a fine-tune on another template). One short greedy generation through the
+same generator and parser the rollout engine uses shows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.doctor import material as M
+from agentrl.doctor.checks import FAIL, PASS, WARN, Check, parse, short
+
+
+def load_for_check(spec: str, device: str | None) -> tuple[Any, Check | None]:
+    """The model, or a FAIL check saying why it could not be loaded."""
+    from transformers.utils import logging as hf_logging
+
+    from agentrl.models import load_model
+
+    hf_logging.disable_progress_bar()  # the report is the output; a weights bar would interleave with it
+    try:
+        return load_model(spec, device=device), None
+    except Exception as exc:
+        return None, Check("model loads", FAIL, f"could not load a causal LM from {spec!r}: {exc.__class__.__name__}: {short(str(exc), 300)}")
+
+
+def check_vocab(model: Any, tokenizer: Any) -> Check:
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < len(tokenizer):
+        return Check("model matches tokenizer", FAIL, f"the embedding has {rows} rows but the tokenizer has {len(tokenizer)} tokens: "
+                     "ids past the embedding crash generation")  # fmt: skip
+    return Check("model matches tokenizer", PASS, f"{rows} embedding rows for {len(tokenizer)} tokens")
+
+
+def episode_start(env_name: str | None) -> tuple[list[M.Message], list[M.Message] | None, str]:
+    """The opening messages and tool schemas to generate from: an environment's first episode or the doctor's own."""
+    if env_name is None:
+        return M.history(), M.TOOLS, "the doctor's flight/weather prompt"
+    import anyio
+
+    from agentrl.registry import make
+
+    env = make(env_name)
+    messages, _info = anyio.run(lambda: env.reset(seed=0))
+    return list(messages), env.tool_schemas() or None, f"environment {env_name!r}, seed 0"
+
+
+def check_generation(fmt: Any, model: Any, env_name: str | None, max_new_tokens: int) -> Check:
+    """Greedy-generate one assistant turn with agentrl's transformers generator and parse it."""
+    import anyio
+
+    from agentrl.generators.base import SamplingParams
+    from agentrl.generators.transformers import TransformersGenerator
+
+    name = "greedy generation parses"
+    messages, tools, where = episode_start(env_name)
+    prompt = fmt.render(messages, tools)
+    pad = fmt.tokenizer.pad_token_id if fmt.tokenizer.pad_token_id is not None else fmt.stop_token_ids[0]
+    generator = TransformersGenerator(model, pad_token_id=pad, max_batch_size=1)
+    sampling = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=list(fmt.stop_token_ids))
+
+    async def run() -> Any:
+        try:
+            return await generator.generate(prompt, sampling)
+        finally:
+            await generator.close()
+
+    gen = anyio.run(run)
+    parsed = parse(fmt, gen.token_ids, tools)
+    texts = {"generated text": fmt.decode(gen.token_ids)}
+    calls = [f"{c.name}({c.arguments if c.arguments is not None else c.raw_arguments})" for c in parsed.tool_calls]
+    details = [
+        f"prompt: {where}, {len(prompt)} ids; generated {len(gen.token_ids)} ids, finish_reason={gen.finish_reason}",
+        f"parsed: content={short(parsed.content, 120)!r}, reasoning={short(parsed.reasoning or '', 80)!r}, calls={calls}",
+        *(f"issue {i.kind}: {i.detail}" for i in parsed.issues),
+    ]
+    if gen.finish_reason == "stop" and not parsed.issues:
+        what = f"{len(calls)} tool call(s)" if calls else "a plain answer"
+        return Check(name, PASS, f"stopped on the end-of-turn token after {len(gen.token_ids)} ids; parsed {what}", details, texts=texts)
+    why = "did not stop within max_new_tokens" if gen.finish_reason != "stop" else "the output has parse issues"
+    return Check(name, WARN, f"{why} (the model, not the template: is it trained on this format?)", details, texts=texts)

@@ -1,0 +1,236 @@
+"""`agentrl doctor`: real templates pass, deliberately broken ones fail with a token-level diff and exit 1."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chat_fixtures import assets_dir, build_tiny_tokenizer, load_asset_tokenizer
+
+from agentrl.chat import default_template
+from agentrl.cli import main as cli
+from agentrl.doctor.diff import token_diff, value_differences
+from agentrl.doctor.report import Report, write
+from agentrl.models import bundled_model_path
+
+GOOD = default_template()
+# Each broken template is agentrl's own ChatML + tools template with one realistic mutation.
+PY_REPR = GOOD.replace("{{- fn.arguments | tojson }}", "{{- fn.arguments }}")  # Python repr: True, single quotes
+NO_EOT = GOOD.replace(
+    "{%- endfor %}\n{{- '<|im_end|>\\n' }}\n{%- elif message.role == 'tool' %}",
+    "{%- endfor %}\n{{- '\\n' }}\n{%- elif message.role == 'tool' %}",
+)  # the assistant turn is never closed by <|im_end|>
+STRIP_CALLS = GOOD.replace(
+    "{%- elif message.role == 'assistant' %}", "{%- elif message.role == 'assistant' %}{%- set is_last = loop.last %}"
+).replace("{%- for call in message.tool_calls or [] %}", "{%- for call in (message.tool_calls if is_last else []) or [] %}")
+# No tools section and no ChatML markers (so no format supplies a tools template for it).
+NO_TOOLS = (
+    "{%- for message in messages %}{{- '### ' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '### assistant\\n' }}{%- endif %}"
+)
+
+
+def doctor(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = cli(["doctor", *args])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def doctor_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    code, out = doctor(capsys, *args, "--json")
+    return code, json.loads(out)
+
+
+def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Tiny real tokenizers saved to folders, one per template."""
+    for name, template in [("py_repr", PY_REPR), ("no_eot", NO_EOT), ("strip_calls", STRIP_CALLS)]:
+        assert template != GOOD, f"the {name} mutation did not apply to chatml_tools.jinja"
+    out = {}
+    for name, template in [("good", GOOD), ("py_repr", PY_REPR), ("no_eot", NO_EOT), ("strip_calls", STRIP_CALLS), ("no_tools", NO_TOOLS)]:
+        out[name] = tmp_path_factory.mktemp(name)
+        build_tiny_tokenizer(out[name], template)
+    return out
+
+
+# ------------------------------------------------------------------ real templates
+def test_qwen3_real_tokenizer_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    load_asset_tokenizer("qwen3")  # a clear message if the assets are missing
+    code, out = doctor(capsys, f"model={assets_dir() / 'qwen3'}")
+    assert code == 0, out
+    assert "'qwen3', detected from render probes" in out
+    for line in ["tool schemas in the prompt", "tool-call round trip", "end-of-turn token trained", "prefix: same, with reasoning"]:
+        assert any(row.startswith("PASS") and line in row for row in out.splitlines()), (line, out)
+    assert '"name": "search_flights"' in out  # the rendered system part is shown
+
+
+def test_qwen3_original_template_warns_and_strict_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3's own template drops an empty <think> block from earlier turns: not provable without reasoning."""
+    path = f"model={assets_dir() / 'qwen3'}"
+    code, report = doctor_json(capsys, path, "training_template=false")
+    checks = by_name(report)
+    assert code == 0 and report["status"] == "WARN"
+    loop = checks["prefix: assistant -> tool -> assistant"]
+    assert loop["status"] == "WARN" and "prefix_splits" in loop["summary"]
+    diff = loop["diffs"][0]
+    row = next(r for r in diff["rows"] if r["i"] == diff["index"])
+    assert row["expected"] == "<think>" and row["actual"] == "<tool_call>", diff
+    assert checks["prefix: same, with reasoning"]["status"] == "PASS"
+    code, _ = doctor(capsys, path, "training_template=false", "strict=true")
+    assert code == 1
+
+
+def test_smollm2_with_agentrl_tools_template(capsys: pytest.CaptureFixture[str]) -> None:
+    load_asset_tokenizer("smollm2")
+    code, report = doctor_json(capsys, f"model={assets_dir() / 'smollm2'}", "chat_template=agentrl")
+    assert code == 0, report
+    assert report["template"] == "override chat_template=agentrl's ChatML + tools template"
+    assert by_name(report)["tool-call round trip"]["status"] == "PASS"
+
+
+def test_bundled_model_generates_a_parseable_call(capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = doctor_json(capsys, "model=default", "check_model=true", "env=calculator", "max_new_tokens=48")
+    checks = by_name(report)
+    assert code == 0, report
+    assert checks["model matches tokenizer"]["status"] == "PASS"
+    gen = checks["greedy generation parses"]
+    assert gen["status"] == "PASS" and "calculator(" in " ".join(gen["details"]), gen
+
+
+# ------------------------------------------------------------------ broken templates must fail
+def test_python_repr_arguments_fail_round_trip(capsys: pytest.CaptureFixture[str], folders: dict[str, Path]) -> None:
+    code, out = doctor(capsys, f"model={folders['py_repr']}")
+    assert code == 1
+    line = next(row for row in out.splitlines() if "tool-call round trip" in row)
+    assert line.startswith("FAIL"), out
+    assert "bad_json" in out and "'refundable': True" in out  # the issue and the text the parser saw
+    assert "generated tokens around 'search_flights'" in out  # ids and pieces where it went wrong
+    assert out.rstrip().splitlines()[-1].startswith("FAIL") and "exit code 1" in out
+
+
+def test_missing_end_of_turn_fails_with_token_diff(capsys: pytest.CaptureFixture[str], folders: dict[str, Path]) -> None:
+    code, report = doctor_json(capsys, f"model={folders['no_eot']}")
+    assert code == 1 and report["exit_code"] == 1
+    eot = by_name(report)["end-of-turn token trained"]
+    assert eot["status"] == "FAIL" and "never trained to end its turn" in eot["details"][0]
+    diff = eot["diffs"][0]
+    row = next(r for r in diff["rows"] if r["i"] == diff["index"])
+    assert row["expected"] == "<|im_end|>" and row["actual"] in ("\n", None), diff
+
+
+def test_history_rewriting_template_warns_with_diff(capsys: pytest.CaptureFixture[str], folders: dict[str, Path]) -> None:
+    code, out = doctor(capsys, f"model={folders['strip_calls']}")
+    assert code == 0  # agentrl copes (counted splits); a warning does not fail the gate...
+    assert "WARN  prefix: assistant -> tool -> assistant" in out and "first difference at token" in out
+    assert "PASS  tool-call round trip" in out  # the final turn still renders its calls
+    code, _ = doctor(capsys, f"model={folders['strip_calls']}", "--strict")
+    assert code == 1  # ...unless strict
+
+
+def test_template_without_tools_fails(capsys: pytest.CaptureFixture[str], folders: dict[str, Path]) -> None:
+    code, report = doctor_json(capsys, f"model={folders['no_tools']}")
+    checks = by_name(report)
+    assert code == 1
+    assert checks["chat format"]["status"] == "FAIL" and "chat_template=agentrl" in checks["chat format"]["details"][0]
+    assert checks["tool schemas in the prompt"]["status"] == "FAIL" and "ignores tools" in checks["tool schemas in the prompt"]["summary"]
+    assert checks["tool-call round trip"]["status"] == "SKIP"
+    code, report = doctor_json(capsys, f"model={folders['no_tools']}", "chat_format=hermes")
+    assert code == 1 and by_name(report)["tool-call round trip"]["status"] == "FAIL"
+
+
+def test_good_tiny_template_passes(capsys: pytest.CaptureFixture[str], folders: dict[str, Path]) -> None:
+    code, report = doctor_json(capsys, f"model={folders['good']}")
+    assert code == 0 and report["status"] == "PASS", json.dumps(report, indent=1)[:3000]
+
+
+# ------------------------------------------------------------------ bad input, hub ids
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["model=/no/such/folder"], "no such folder"),
+        (["model=default", "chek_model=true"], "did you mean check_model"),
+        (["model=default", "chat_template=/no/such.jinja"], "no such file"),
+        (["model=default", "chat_format=nope"], "nope"),
+    ],
+)
+def test_bad_input(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    code, out = doctor(capsys, *args)
+    if "chat_format" in args[-1]:  # an unknown format is a failed check, with the options listed
+        assert code == 1 and "FAIL  chat format" in out and "hermes" in out and message in out
+    else:
+        assert code == 2 and message in out and len(out.strip().splitlines()) <= 2, out
+
+
+def test_hub_id_from_the_local_cache_and_a_clear_offline_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub id found in the Hugging Face cache works offline; a missing one fails at once with one line."""
+    from huggingface_hub import constants
+
+    repo = tmp_path / "hub" / "models--acme--tiny-chat"
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    for f in bundled_model_path().iterdir():  # a real model repo's files, weights left out
+        if f.suffix != ".safetensors":
+            (repo / "snapshots" / ("0" * 40) / f.name).write_bytes(f.read_bytes())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
+    code, out = doctor(capsys, "model=acme/tiny-chat")
+    assert code == 0, out
+    assert "agentrl doctor  model=acme/tiny-chat" in out and "PASS  tool-call round trip" in out
+    code, out = doctor(capsys, "model=acme/not-cached")
+    assert code == 2
+    assert "not in the Hugging Face cache" in out and "cannot be reached" in out and "127.0.0.1" in out
+    assert len(out.strip().splitlines()) == 1, out
+
+
+# ------------------------------------------------------------------ pieces
+def test_value_differences_keep_types() -> None:
+    expected = {"a": 1, "b": 2.5, "c": True, "d": "1", "e": {"f": [1, None]}}
+    assert value_differences(expected, json.loads(json.dumps(expected)), "args") == []
+    got = {"a": 1.0, "b": "2.5", "c": 1, "d": 1, "e": {"f": [1]}, "x": 0}
+    diffs = value_differences(expected, got, "args")
+    assert diffs == [
+        "args.x: unexpected int 0",
+        "args.a: expected int 1, got float 1.0",
+        "args.b: expected float 2.5, got string '2.5'",
+        "args.c: expected bool True, got int 1",
+        "args.d: expected string '1', got int 1",
+        "args.e.f: expected 2 items, got 1: [1]",
+    ]
+
+
+def test_token_diff_marks_the_first_difference() -> None:
+    diff = token_diff(lambda i: f"<{i}>", [1, 2, 3, 4], [1, 2, 9], "a", "b", context=1)
+    assert diff is not None and diff.index == 2
+    assert [(r["i"], r["expected_id"], r["actual_id"]) for r in diff.rows] == [(1, 2, 2), (2, 3, 9), (3, 4, None)]
+    assert any(line.lstrip().startswith(">") and "'<3>'" in line and "'<9>'" in line for line in diff.lines())
+    assert token_diff(str, [1, 2], [1, 2]) is None
+    assert token_diff(str, [1, 2], [1, 2, 3]).index == 2  # a prefix differs at the shorter length
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_output_uses_rich() -> None:
+    from agentrl.doctor.checks import FAIL, PASS, Check
+
+    report = Report("m", "t", "hermes", "override", "tokenizer", "'<|im_end|>' (2)",
+                    [Check("a", PASS, "fine"), Check("b", FAIL, "broken", ["why"])])  # fmt: skip
+    stream = _Terminal()
+    write(report, as_json=False, stream=stream)
+    text = stream.getvalue()
+    assert "\x1b[" in text and "broken" in text and "exit code 1" in text
+    plain = io.StringIO()
+    write(report, as_json=False, stream=plain)
+    assert "\x1b[" not in plain.getvalue() and "FAIL  b  broken" in plain.getvalue()
