@@ -11,6 +11,7 @@ import pytest
 from chat_fixtures import assets_dir, build_tiny_tokenizer, load_asset_tokenizer
 
 from agentrl.chat import default_template
+from agentrl.chat.parsers import HermesParser, registry
 from agentrl.cli import main as cli
 from agentrl.doctor.diff import token_diff, value_differences
 from agentrl.doctor.report import Report, write
@@ -143,6 +144,32 @@ def test_template_without_tools_fails(capsys: pytest.CaptureFixture[str], folder
     assert checks["tool-call round trip"]["status"] == "SKIP"
     code, report = doctor_json(capsys, f"model={folders['no_tools']}", "chat_format=hermes")
     assert code == 1 and by_name(report)["tool-call round trip"]["status"] == "FAIL"
+
+
+def test_parser_that_hides_problems_fails(
+    capsys: pytest.CaptureFixture[str], folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parser that drops its issues would hand cut-off calls to the tools as if they were fine."""
+
+    class Lenient(HermesParser):
+        name = "lenient"
+
+        @classmethod
+        def matches(cls, probe: Any) -> bool:
+            return False
+
+        def parse(self, text: str) -> Any:
+            result = super().parse(text)
+            result.issues = []
+            return result
+
+    monkeypatch.setitem(registry._REGISTRY, "lenient", Lenient)
+    code, report = doctor_json(capsys, f"model={folders['good']}", "chat_format=lenient")
+    check = by_name(report)["malformed output reported"]
+    assert code == 1 and check["status"] == "FAIL", check
+    assert "call cut, then end of turn" in check["summary"] and "parsed without any issue" in " ".join(check["details"])
+    code, report = doctor_json(capsys, f"model={folders['good']}", "chat_format=hermes")
+    assert by_name(report)["malformed output reported"]["status"] == "PASS"
 
 
 def test_good_tiny_template_passes(capsys: pytest.CaptureFixture[str], folders: dict[str, Path]) -> None:

@@ -72,7 +72,7 @@ def diagnose(cfg: DoctorConfig) -> Report:
         strict=cfg.strict,
     )
     report.checks.append(C.check_tool_schemas(tokenizer, template, fmt))
-    names = ["tool-call round trip", "end-of-turn token trained", *_PREFIX_CHECKS]
+    names = ["tool-call round trip", "malformed output reported", "end-of-turn token trained", *_PREFIX_CHECKS]
     if fmt is None:
         report.checks += [C.Check(n, C.SKIP, "no chat format") for n in names]
         if cfg.check_model:
@@ -80,7 +80,7 @@ def diagnose(cfg: DoctorConfig) -> Report:
         return report
     renders, reads = C.renders_reasoning(fmt), C.reads_reasoning(fmt)
     thinking = renders and reads
-    report.checks += [C.check_round_trip(fmt, thinking), C.check_end_of_turn(fmt)]
+    report.checks += [C.check_round_trip(fmt, thinking), C.check_malformed(fmt), C.check_end_of_turn(fmt)]
     for name, (rounds, with_reasoning) in _PREFIX_CHECKS.items():
         if with_reasoning is True and not thinking:
             why = f"the {fmt.name!r} format does not parse reasoning back" if renders else "the template does not render reasoning_content"
@@ -128,7 +128,7 @@ def _chat_format(tokenizer: Any, cfg: DoctorConfig, template: str | None) -> tup
             detected = detect_format(tokenizer, template)
         except ValueError as exc:
             hint = "" if template else "; or chat_template=agentrl for agentrl's ChatML + tools template"
-            return None, C.Check(name, C.FAIL, f"not detected: {exc}", [f"pass {options}{hint}"]), "detection failed"
+            return None, C.Check(name, C.FAIL, "not detected from the template's renders", [f"pass {options}{hint}", str(exc)]), "detection failed"
         how = "detected from render probes"
     kwargs: dict[str, Any] = {}
     if "training_template" in inspect.signature(get_chat_format).parameters:

@@ -155,7 +155,7 @@ def check_tool_schemas(tokenizer: Any, template: str | None, fmt: Any = None) ->
     try:
         with_tools, without = render(M.TOOLS), render(None)
     except Exception as exc:
-        return Check(name, FAIL, f"the template failed to render a conversation with tools: {exc!r}")
+        return Check(name, FAIL, f"the template failed to render a conversation with tools: {short(repr(exc), 200)}")
     end = with_tools.find(M.USER)
     shown = with_tools[: end + len(M.USER)] if end >= 0 else with_tools
     texts = {"rendered prompt (system and user turns, with tools)": shown}
@@ -264,6 +264,40 @@ def check_round_trip(fmt: Any, thinking: bool) -> Check:
         )  # fmt: skip
     what = ", ".join(label for label, _ in cases)
     return Check(name, PASS, f"{n} turns ({what}) parse back to the same calls, argument types and text")
+
+
+# ----------------------------------------------------------------------------- malformed output
+def check_malformed(fmt: Any) -> Check:
+    """A call cut short (length cap, or an early end of turn) must be reported, never accepted as clean."""
+    name = "malformed output reported"
+    reply = M.round_trip_cases(False)[0][1]
+    try:
+        turn = render_turn(fmt, M.history(), reply)
+    except Exception as exc:
+        return Check(name, SKIP, f"the template failed to render: {short(repr(exc), 200)}")
+    if turn.generated is None or not turn.stopped:
+        return Check(name, SKIP, "no well-formed generated turn to cut (see the checks above)")
+    body, eot = turn.generated[:-1], turn.generated[-1:]
+    half = body[: len(body) // 2]
+    cases = [
+        ("cut at the length cap (no end of turn)", half),
+        ("call cut, then end of turn", half + eot),
+        ("call without its last token", body[:-1] + eot),
+    ]
+    silent, details = [], []
+    for label, ids in cases:
+        parsed = parse(fmt, ids, M.TOOLS)
+        kinds = sorted({i.kind for i in parsed.issues})
+        if kinds:
+            details.append(f"{label}: reported {', '.join(kinds)}")
+        else:
+            silent.append(label)
+            calls = [(c.name, c.arguments) for c in parsed.tool_calls]
+            details.append(f"{label}: parsed without any issue into content={short(parsed.content, 80)!r}, calls={short(repr(calls), 160)}")
+            details += token_window(fmt.tokenizer, ids, M.TYPED_ARGUMENTS["origin"])
+    if silent:
+        return Check(name, FAIL, f"{len(silent)} of {len(cases)} broken outputs parse with no issue: {', '.join(silent)}", details)
+    return Check(name, PASS, f"{len(cases)} cut-off tool calls all reported as issues", details)
 
 
 # ----------------------------------------------------------------------------- end of turn
