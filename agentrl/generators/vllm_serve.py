@@ -1,0 +1,349 @@
+"""``agentrl vllm-serve``: a vLLM engine behind a small HTTP API made for RL training.
+
+Why not vLLM's OpenAI server: the trainer speaks token ids, not text. It needs the sampled ids
+exactly as sampled, each one's logprob under the distribution it was drawn from (after
+temperature; importance-sampling correction compares it with the trainer's), the finish reason,
+and a way to load new weights after every optimizer step. One request per episode turn; vLLM's
+continuous batching batches whatever is in flight.
+
+Endpoints (JSON unless noted; every response carries ``X-Agentrl-Instance``, an id fresh at each
+start, so a client can tell a restarted server from the one it pushed weights to):
+
+* ``GET /health``: ``status``, ``instance``, ``model``, ``dtype``, ``max_model_len``,
+  ``vocab_size``, ``weights_version``, ``weight_transports``.
+* ``POST /generate`` ``{"prompt_ids": [...], "sampling": {temperature, top_p, top_k, min_p,
+  max_tokens, stop_token_ids, seed}}`` → ``{"token_ids", "logprobs", "finish_reason",
+  "weights_version"}``. A request carrying ``X-Agentrl-Expect-Instance`` that names another
+  instance gets 409 (its weights were pushed to a server that has since restarted).
+* ``POST /update_weights?transport=safetensors``, body = a safetensors file of the full model
+  under its checkpoint (HF) names. Waits for running requests to finish and holds new ones,
+  loads the tensors in place (vLLM's layer-wise ``reload_weights`` in the worker), re-packs a
+  tied output layer, resets the prefix cache, bumps ``weights_version``.
+* ``POST /reset_prefix_cache``.
+
+On GPU the weights should not go through HTTP: ``transport`` is the extension point for an NCCL
+path (vLLM's weight-transfer engine: an NCCL group between trainer and workers, the trainer
+broadcasting each tensor). It is not implemented here (no vLLM on our GPU machines to test it);
+see docs/vllm_server.md.
+
+Run: ``agentrl vllm-serve model=<folder|default> port=8000 dtype=float32``.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoint annotations at runtime, and
+# the request types are defined inside create_app (fastapi exists only where vLLM is installed).
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from agentrl.config import Strict, build, parse_overrides
+
+__all__ = ["ServeConfig", "WeightReloadExtension", "create_app", "main"]
+
+INSTANCE_HEADER = "X-Agentrl-Instance"
+EXPECT_HEADER = "X-Agentrl-Expect-Instance"
+TRANSPORTS = ("safetensors",)
+
+USAGE = """usage: agentrl vllm-serve model=<folder|default> [host=127.0.0.1] [port=8000] [dtype=auto]
+       [max_model_len=N] [max_num_seqs=256] [gpu_memory_utilization=0.9] [seed=0] [log_level=warning]"""
+
+
+class ServeConfig(Strict):
+    model: str = Field("default", description="'default' (bundled), or a local model folder")
+    host: str = Field("127.0.0.1", description="0.0.0.0 to accept trainers on other machines")
+    port: int = Field(8000, ge=1, le=65535)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_model_len: int | None = Field(None, ge=16)
+    max_num_seqs: int = Field(256, ge=1, description="sequences the engine batches at once")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only")
+    seed: int = 0
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+
+
+class WeightReloadExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); runs in the engine's worker process.
+
+    Tensors cannot travel as rpc arguments to the engine process, so the server writes them to a
+    file and the worker reads it back (on tmpfs where available: no disk round-trip). With tied
+    embeddings the CPU backend's packed copy of the output layer must be re-derived, or the logits
+    keep coming from the old embedding (measured: logprobs off by up to 0.7 without it).
+    """
+
+    def agentrl_reload_file(self, path: str) -> int:
+        from safetensors.torch import load_file
+
+        tensors = load_file(path)
+        self.reload_weights(weights_iterator=iter(tensors.items()), is_checkpoint_format=True)  # type: ignore[attr-defined]
+        from agentrl.generators.vllm_common import repack_tied_head
+
+        repack_tied_head(self)
+        return len(tensors)
+
+
+class _Gate:
+    """Many generate requests at once, or one weight update alone (which waits for them to end)."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._active = 0
+        self._writing = False
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writing)
+            self._active += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writing)
+            self._writing = True
+            await self._cond.wait_for(lambda: self._active == 0)
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+def _checkpoint_shapes(folder: str) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of the model's safetensors checkpoint (what a full push must send)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def _check_push(names_shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], tied: bool) -> str | None:
+    """One message naming what is wrong with a pushed weight set, or None."""
+    if not expected:
+        return None
+    optional = {"lm_head.weight"} if tied else set()
+    unknown = sorted(set(names_shapes) - set(expected) - optional)
+    missing = sorted(set(expected) - set(names_shapes) - optional)
+    wrong = [f"{n}: {list(s)} != {list(expected[n])}" for n, s in names_shapes.items() if n in expected and s != expected[n]]
+    problems = []
+    if unknown:
+        problems.append(f"{len(unknown)} unknown name(s) {unknown[:5]}")
+    if missing:
+        problems.append(f"{len(missing)} missing (a push must hold the full model) {missing[:5]}")
+    if wrong:
+        problems.append(f"shape mismatch {wrong[:5]}")
+    return "; ".join(problems) or None
+
+
+def create_app(cfg: ServeConfig) -> Any:
+    """The FastAPI app; the engine starts in its lifespan, before the port accepts connections."""
+    from fastapi import FastAPI, HTTPException, Request
+    from fastapi.responses import JSONResponse
+    from pydantic import BaseModel
+
+    from agentrl.generators.base import SamplingParams
+    from agentrl.generators.vllm_common import engine_kwargs, to_generation, to_vllm_sampling
+    from agentrl.models import resolve_model
+
+    model_path = resolve_model(cfg.model)
+    instance = uuid.uuid4().hex[:12]
+    state: dict[str, Any] = {"weights_version": 0, "engine": None}
+    gate = _Gate()
+    scratch = Path(tempfile.mkdtemp(prefix="agentrl-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+
+    class SamplingBody(BaseModel):
+        temperature: float = 1.0
+        top_p: float = 1.0
+        top_k: int = 0
+        min_p: float = 0.0
+        max_tokens: int = 256
+        stop_token_ids: list[int] = []
+        seed: int | None = None
+
+    class GenerateBody(BaseModel):
+        prompt_ids: list[int]
+        sampling: SamplingBody = SamplingBody()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=model_path,
+            worker_extension_cls=f"{__name__}.WeightReloadExtension",
+            **engine_kwargs(
+                dtype=cfg.dtype, max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                seed=cfg.seed, max_num_seqs=cfg.max_num_seqs,
+            ),
+        )
+        engine = AsyncLLM.from_engine_args(args)
+        mc = engine.model_config
+        state.update(
+            engine=engine,
+            max_model_len=mc.max_model_len,
+            vocab_size=mc.get_vocab_size(),
+            dtype=str(mc.dtype).removeprefix("torch."),
+            tied=bool(getattr(mc.hf_config, "tie_word_embeddings", False)),
+            expected=_checkpoint_shapes(model_path) if os.path.isdir(model_path) else {},
+        )
+        print(f"agentrl vllm-serve: {model_path} ready on http://{cfg.host}:{cfg.port} (instance {instance})", flush=True)
+        try:
+            yield
+        finally:
+            engine.shutdown()
+            for f in scratch.glob("*"):
+                f.unlink(missing_ok=True)
+            scratch.rmdir()
+
+    app = FastAPI(title="agentrl vllm-serve", lifespan=lifespan)
+
+    @app.middleware("http")
+    async def stamp(request: Request, call_next: Any) -> Any:
+        expected = request.headers.get(EXPECT_HEADER)
+        if expected is not None and expected != instance:
+            response = JSONResponse(
+                {"detail": f"weights were pushed to server instance {expected}; this is instance {instance} (restarted)"},
+                status_code=409,
+            )
+        else:
+            response = await call_next(request)
+        response.headers[INSTANCE_HEADER] = instance
+        return response
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        engine = state["engine"]
+        if engine is None or engine.errored:
+            raise HTTPException(503, "engine is not running")
+        return {
+            "status": "ok", "instance": instance, "model": model_path, "dtype": state["dtype"],
+            "max_model_len": state["max_model_len"], "vocab_size": state["vocab_size"],
+            "weights_version": state["weights_version"], "weight_transports": list(TRANSPORTS),
+        }
+
+    @app.post("/generate")
+    async def generate(body: GenerateBody, request: Request) -> dict[str, Any]:
+        try:
+            sampling = SamplingParams(**body.sampling.model_dump())
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        prompt = body.prompt_ids
+        if not prompt:
+            raise HTTPException(400, "prompt_ids is empty")
+        bad = [t for t in prompt if not 0 <= t < state["vocab_size"]]
+        if bad:
+            raise HTTPException(400, f"prompt token ids out of range [0, {state['vocab_size']}): {bad[:10]}")
+        room = state["max_model_len"] - len(prompt)
+        if room < 1:
+            raise HTTPException(400, f"prompt has {len(prompt)} tokens; max_model_len={state['max_model_len']} leaves no room")
+        from vllm.inputs import TokensPrompt
+
+        params = to_vllm_sampling(sampling, max_tokens=min(sampling.max_tokens, room))
+        async with gate.read():
+            version = state["weights_version"]
+            final = await _until_disconnected(
+                request, _last(state["engine"].generate(TokensPrompt(prompt_token_ids=prompt), params, uuid.uuid4().hex))
+            )
+        if final is None:
+            raise HTTPException(499, "client disconnected")
+        gen = to_generation(final)
+        return {"token_ids": gen.token_ids, "logprobs": gen.logprobs, "finish_reason": gen.finish_reason, "weights_version": version}
+
+    @app.post("/update_weights")
+    async def update_weights(request: Request, transport: str = "safetensors") -> dict[str, Any]:
+        if transport not in TRANSPORTS:
+            raise HTTPException(
+                400, f"weight transport {transport!r} is not available; this server implements {list(TRANSPORTS)} "
+                "(NCCL is not implemented yet, see docs/vllm_server.md)",
+            )
+        body = await request.body()
+        try:
+            from safetensors.torch import load
+
+            shapes = {n: tuple(t.shape) for n, t in load(body).items()}
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the client's input
+            raise HTTPException(400, f"body is not a safetensors file: {type(exc).__name__}: {exc}") from None
+        problem = _check_push(shapes, state["expected"], state["tied"])
+        if problem:
+            raise HTTPException(400, f"weights do not match the served model {model_path}: {problem}")
+        path = scratch / f"push-{uuid.uuid4().hex}.safetensors"
+        path.write_bytes(body)
+        del body
+        start = time.perf_counter()
+        try:
+            async with gate.write():
+                await state["engine"].collective_rpc("agentrl_reload_file", args=(str(path),))
+                await state["engine"].reset_prefix_cache()
+                state["weights_version"] += 1
+        finally:
+            path.unlink(missing_ok=True)
+        return {"weights_version": state["weights_version"], "tensors": len(shapes), "seconds": time.perf_counter() - start}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, Any]:
+        return {"reset": bool(await state["engine"].reset_prefix_cache())}
+
+    return app
+
+
+async def _last(outputs: AsyncIterator[Any]) -> Any:
+    final = None
+    async for out in outputs:
+        final = out
+    return final
+
+
+async def _until_disconnected(request: Any, work: Any) -> Any:
+    """Run ``work``; if the client goes away first, cancel it (vLLM aborts the request) and return None."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=1.0)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
+
+
+def main(args: list[str]) -> int:
+    if any(a in ("-h", "--help", "help") for a in args):
+        print(USAGE)
+        return 0
+    cfg = build(ServeConfig, parse_overrides(args, shortcuts={}))
+    from agentrl.models import resolve_model
+
+    path = resolve_model(cfg.model)
+    if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or path.count("/") != 1):  # not a hub id either
+        raise FileNotFoundError(f"model folder {path} does not exist")
+    from agentrl.generators.vllm_common import VLLMNotInstalledError, cpu_env_defaults, require_vllm
+
+    try:
+        require_vllm()
+    except VLLMNotInstalledError as exc:
+        print(f"agentrl vllm-serve: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    cpu_env_defaults()
+    uvicorn.run(create_app(cfg), host=cfg.host, port=cfg.port, log_level=cfg.log_level)
+    return 0
