@@ -109,7 +109,8 @@ class TrainConfig(Strict):
     eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps (0: off)")
     eval_tasks: int = Field(64, ge=1)
     eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of the periodic eval (0: greedy)")
-    save_every: int = Field(0, ge=0, description="checkpoint every N steps (the final step is always saved)")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps")
+    save_final: bool = Field(True, description="checkpoint after the last step")
     keep_checkpoints: int | None = Field(2, ge=1)
 
     @pydantic.model_validator(mode="after")

@@ -15,6 +15,7 @@ One optimizer step, read top to bottom in ``Trainer.train``:
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import math
@@ -28,9 +29,11 @@ import anyio
 import torch
 
 from agentrl.checkpoint import checkpoint_dir, load_checkpoint, resolve_resume, save_checkpoint
-from agentrl.config import rollout_config
+from agentrl.config import require_backend, rollout_config
 from agentrl.dispatch import ToolRecord
 from agentrl.env import Reward, reward_context, score
+from agentrl.generators import build_generator
+from agentrl.generators.vllm_common import push_weights
 from agentrl.logprobs import token_logprobs
 from agentrl.losses import group_advantages, policy_loss
 from agentrl.observe import RunLog
@@ -65,6 +68,7 @@ class Trainer:
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
 
         _check_trackers(cfg.report_to)
+        require_backend(cfg.generator)
         cuda = torch.cuda.is_available()
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
         self.accelerator = Accelerator(
@@ -89,7 +93,8 @@ class Trainer:
         self.policy_kind = kind
 
         params = [p for p in policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
+        # fused: one kernel for the whole update on CUDA (same math as the default implementation)
+        optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, fused=cuda or None)
         from transformers import get_scheduler
 
         scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps)
@@ -98,12 +103,26 @@ class Trainer:
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.chat_format.stop_token_ids[0]
         self.pad_id = int(pad)
-        self.generator = TransformersGenerator(
-            self.accelerator.unwrap_model(self.policy),
-            pad_token_id=self.pad_id,
-            max_batch_size=cfg.generator.max_batch_size,
-            gather_window_s=cfg.generator.gather_window_s,
-        )
+        gen_model = self.accelerator.unwrap_model(self.policy)
+        self._generation_copy: torch.nn.Module | None = None
+        if cfg.generator.backend != "transformers":
+            # vLLM loads the base checkpoint itself; merged weights are pushed after every optimizer step
+            self.generator = build_generator(
+                cfg.generator, model_path=_generation_base(path, kind), pad_token_id=self.pad_id,
+                max_context=cfg.rollout.max_context, seed=cfg.seed,
+            )
+        else:
+            if cuda and bf16 and kind == "full":
+                # Decode from a bf16 copy rather than the fp32 master weights under autocast: half the
+                # bytes read per token and no per-step weight casts. Synced after every optimizer step.
+                gen_model = copy.deepcopy(gen_model).to(torch.bfloat16).eval().requires_grad_(False)
+                self._generation_copy = gen_model
+            self.generator = TransformersGenerator(
+                gen_model,
+                pad_token_id=self.pad_id,
+                max_batch_size=cfg.generator.max_batch_size,
+                gather_window_s=cfg.generator.gather_window_s,
+            )
         self.engine = RolloutEngine(self.generator, self.chat_format, rollout_config(cfg.sampling, cfg.rollout))
         self.env = make(cfg.env, **cfg.env_args)
         self.extra_rewards = [_load_reward(r) for r in cfg.extra_rewards]
@@ -118,6 +137,8 @@ class Trainer:
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         if cfg.resume:
             self._resume(cfg.resume)
+        if cfg.resume or kind == "adapter":
+            self._sync_generator()  # a separate generator holds the checkpoint's base weights
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -148,7 +169,7 @@ class Trainer:
                         log.log(self.step, metrics)
                         sample = [t for g in groups for t in g.ok][: cfg.samples_per_log]
                         log.samples(self.step, sample, self.chat_format.decode)
-                    if (cfg.save_every and self.step % cfg.save_every == 0) or self.step == cfg.max_steps:
+                    if (cfg.save_every and self.step % cfg.save_every == 0) or (self.step == cfg.max_steps and cfg.save_final):
                         self.save()
                     t_start = time.perf_counter()
                     if self.step >= cfg.max_steps:
@@ -165,6 +186,8 @@ class Trainer:
         n = self.cfg.num_generations if n is None else n
         engine = engine or self.engine
         groups = anyio.run(lambda: engine.run(self.env, tasks, n=n, seed=seed))
+        if self.cfg.generator.enable_sleep_mode:  # free vLLM's GPU memory for the training step
+            self.generator.sleep()
         return groups, time.perf_counter() - start
 
     def evaluate(self, n: int) -> dict[str, float]:
@@ -207,7 +230,10 @@ class Trainer:
         metrics.update({f"adv/{k}": v for k, v in adv_metrics.items()})
 
         rows = [(s, float(adv[i]), t.truncated) for i, t in enumerate(trajs) for s in t.samples if s.num_sampled > 0]
-        return self._collate(rows), metrics
+        batch = self._collate(rows)
+        # the trajectories samples.jsonl will show get the trainer's logprobs next to the sampler's
+        batch["logged"] = {id(s) for t in trajs[: self.cfg.samples_per_log] for s in t.samples}
+        return batch, metrics
 
     async def _score_extra(self, trajs: list[Trajectory]) -> None:
         """Add the ``extra_rewards`` to each trajectory's reward and components."""
@@ -242,6 +268,7 @@ class Trainer:
             "advantages": torch.tensor([a for _, a, _ in rows], dtype=torch.float32),
             "truncated": torch.tensor([tr for _, _, tr in rows], dtype=torch.bool),
             "completion_len": C,
+            "samples": [s for s, _, _ in rows],
         }
 
     # -- optimisation --------------------------------------------------------------------------
@@ -283,6 +310,8 @@ class Trainer:
         if self.reference.enabled:
             with self.reference.active() as ref_model:
                 ref = self._no_grad_logprobs(ref_model, batch)
+        if old is not None:
+            _keep_trainer_logprobs(batch, torch.arange(B), old)
         chunks = torch.arange(B).chunk(cfg.steps_per_generation)
         for _ in range(cfg.num_iterations):
             for chunk in chunks:
@@ -300,6 +329,8 @@ class Trainer:
         trained_tokens = 0
         for idx in micro:
             (lp, ent), keep = self._logprobs(self.policy, batch, idx, entropy=True)
+            if old is None:  # a single pass: these are the logprobs under the sampling weights
+                _keep_trainer_logprobs(batch, idx, lp)
             sl = slice(0, keep)
             loss, m = policy_loss(
                 lp.float(),
@@ -326,6 +357,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._sync_generator()
         if cfg.ref_mix_alpha is not None and (self.step + 1) % cfg.ref_mix_every == 0:
             self.reference.mix(cfg.ref_mix_alpha)
         train_s = time.perf_counter() - t0
@@ -334,6 +366,15 @@ class Trainer:
         if grad_norm is not None and math.isfinite(grad_norm):
             out["grad_norm"] = grad_norm
         return out
+
+    def _sync_generator(self) -> None:
+        """Push the new weights to a generator that does not share the policy module."""
+        if self._generation_copy is not None:
+            policy = self.accelerator.unwrap_model(self.policy)
+            self.generator.update_weights(policy.named_parameters())
+        elif self.cfg.generator.backend != "transformers":  # vLLM: full weights, LoRA merged, base names
+            with push_weights(self.accelerator.unwrap_model(self.policy)) as named:
+                self.generator.update_weights(named)
 
     # -- data, checkpoints, curves -----------------------------------------------------------------
 
@@ -382,6 +423,24 @@ class Trainer:
             ys = smooth([y for _, y in series["reward/mean"]], 0.3)
             series["reward (smoothed)"] = [(x, y) for (x, _), y in zip(series["reward/mean"], ys)]
         write_curve_png(self.run_dir / "reward_curve.png", series, title=f"agentrl train {self.cfg.env}", y_label="reward")
+
+
+def _keep_trainer_logprobs(batch: dict[str, Any], idx: torch.Tensor, logprobs: torch.Tensor) -> None:
+    """Store the trainer's logprobs on the logged samples (only those: it costs a device sync)."""
+    for j, row in enumerate(idx.tolist()):
+        sample = batch["samples"][row]
+        if id(sample) in batch["logged"]:
+            values = logprobs[j, : len(sample.completion_ids)].detach().float().cpu().tolist()
+            sample.trainer_logprobs = [v if m else 0.0 for v, m in zip(values, sample.loss_mask)]
+
+
+def _generation_base(path: str, kind: str) -> str:
+    """The checkpoint a separate generator loads: the policy's, or an adapter's base model."""
+    if kind != "adapter":
+        return path
+    from agentrl.models import resolve_model
+
+    return resolve_model(json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"])
 
 
 def _check_trackers(names: list[str]) -> None:

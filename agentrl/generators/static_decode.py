@@ -29,6 +29,41 @@ import torch
 __all__ = ["StaticBatch", "StaticDecoder"]
 
 
+GQA_DECODE = "agentrl_sdpa_gqa"
+
+
+def grouped_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
+    """SDPA for one decode token with grouped-query attention, without copying the KV cache.
+
+    transformers' SDPA path expands keys and values to every query head (``repeat_kv``) whenever a
+    mask is given: for a 0.5B Qwen2 at batch 64 that copied ~2.8 GB per token step, half the step's
+    GPU time. With one query token, the query heads that share a KV head can instead act as that
+    head's query rows — the same numbers, no copy. Anything else goes to transformers' SDPA.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    B, H, q, D = query.shape
+    kv_heads = key.shape[1]
+    if q != 1 or kv_heads == H or attention_mask is None or attention_mask.dim() != 4 or kwargs.get("dropout", 0.0):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    grouped = query.reshape(B, kv_heads, H // kv_heads, D)  # query head h reads KV head h // (H / kv_heads)
+    mask = attention_mask[:, :, :, : key.shape[2]]
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=kwargs.get("scaling"))
+    return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
+
+
+def _register_gqa_decode() -> bool:
+    """Make ``GQA_DECODE`` a valid attention implementation (masks built exactly as for SDPA)."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:
+        return False
+    AttentionInterface.register(GQA_DECODE, grouped_decode_attention)
+    AttentionMaskInterface.register(GQA_DECODE, AttentionMaskInterface._global_mapping["sdpa"])
+    return True
+
+
 def _bucket(n: int, minimum: int) -> int:
     """The next power of two >= max(n, minimum)."""
     size = minimum
@@ -64,6 +99,7 @@ class StaticDecoder:
 
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
+        self._gqa_ready = _register_gqa_decode()
         self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0}
 
     @staticmethod
@@ -123,7 +159,16 @@ class StaticDecoder:
 
     def forward(self, slot: _Slot, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         kwargs = {self._cache_kwarg: slot.cache}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
+        config = self.model.config
+        original = getattr(config, "_attn_implementation", None)
+        swap = original == "sdpa" and self._gqa_ready
+        if swap:  # only for our own calls: training forwards on a shared module keep plain SDPA
+            config._attn_implementation = GQA_DECODE
+        try:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
+        finally:
+            if swap:
+                config._attn_implementation = original
         return out.logits[:, -1]
 
     def decode_step(self, slot: _Slot, column: int) -> torch.Tensor:

@@ -103,6 +103,19 @@ def sample_next(
     """
     logits = logits.float()
     n = logits.shape[0]
+    first = params[0]
+    if first.temperature > 0 and all(g is None for g in generators) and all(
+        p.temperature == first.temperature and p.top_k == first.top_k and p.top_p == first.top_p and p.min_p == first.min_p
+        for p in params
+    ):  # the common case: one setting for the whole batch, no per-row seeds -> no index juggling
+        x = logits / first.temperature
+        if first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
+            x = _filter_logits(x, params)
+        logp = x.log_softmax(-1)
+        cdf = logp.exp().cumsum(-1)
+        target = (1 - torch.rand(n, device=logits.device)) * cdf[:, -1]
+        choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=cdf.shape[1] - 1)
+        return choice, logp.gather(1, choice[:, None]).squeeze(1)
     tokens = torch.empty(n, dtype=torch.long, device=logits.device)
     logprobs = torch.empty(n, dtype=torch.float32, device=logits.device)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
@@ -153,12 +166,37 @@ def _suppress_early_stops(
     return logits
 
 
+class _HostCopy:
+    """Copy sampled tokens and logprobs to the host without waiting for work queued after them."""
+
+    def __init__(self, n: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.tok = torch.empty(n, dtype=torch.long, pin_memory=True)
+            self.lp = torch.empty(n, dtype=torch.float32, pin_memory=True)
+            self.event = torch.cuda.Event()
+
+    def start(self, tok: torch.Tensor, lp: torch.Tensor) -> None:
+        if self.cuda:
+            self.tok.copy_(tok, non_blocking=True)
+            self.lp.copy_(lp, non_blocking=True)
+            self.event.record()
+        else:
+            self._pending = (tok.tolist(), lp.tolist())
+
+    def wait(self) -> tuple[list[int], list[float]]:
+        if self.cuda:
+            self.event.synchronize()
+            return self.tok.tolist(), self.lp.tolist()
+        return self._pending
+
+
 class TransformersGenerator:
     """Serve concurrent ``generate`` calls from one HF causal LM by batching them.
 
-    ``model`` must already be on its device and dtype, in eval mode. Requests arriving within
-    ``gather_window_s`` of the first queued one (or until ``max_batch_size``) share a batch; those
-    arriving while a batch runs go into the next. ``max_context`` clips ``max_tokens`` so prompt plus
+    ``model`` must already be on its device and dtype, in eval mode. Queued requests share a batch
+    while each arrives within ``gather_window_s`` of the previous one (at most 0.1 s after the first,
+    at most ``max_batch_size``); those arriving while a batch runs go into the next. ``max_context`` clips ``max_tokens`` so prompt plus
     output fits, and rejects prompts that leave no room.
     """
 
@@ -178,6 +216,7 @@ class TransformersGenerator:
         self.pad_token_id = int(pad_token_id)
         self.max_batch_size = max_batch_size
         self.gather_window_s = gather_window_s
+        self.max_gather_s = max(gather_window_s, 0.1)
         self.max_context = max_context
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_input_embeddings().num_embeddings
@@ -307,8 +346,11 @@ class TransformersGenerator:
                 if self._closed:
                     leftovers, self._pending = list(self._pending), deque()
                     break
-                deadline = self._pending[0].arrived + self.gather_window_s
+                # Gather until requests stop arriving for gather_window_s (episodes reach their
+                # first generate call one render apart), but never longer than max_gather_s.
+                cap = self._pending[0].arrived + self.max_gather_s
                 while len(self._pending) < self.max_batch_size and not self._closed:
+                    deadline = min(cap, self._pending[-1].arrived + self.gather_window_s)
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
@@ -435,7 +477,12 @@ class TransformersGenerator:
         return [Generation(tokens[i], logprobs[i], finish[i] or "abort") for i in range(n)]
 
     def _decode_static(self, reqs: list[_Request]) -> list[Generation]:
-        """The same loop over a static cache: rows never shrink, each step is one graph replay."""
+        """The same loop over a static cache: rows never shrink, each step is one graph replay.
+
+        Pipelined: the step that consumes token t is launched before the host reads token t back,
+        so the host's bookkeeping overlaps the GPU's next step; the batch ends one (discarded)
+        step after its last row finishes.
+        """
         assert self.static is not None
         n = len(reqs)
         gens = [None if r.sampling.seed is None else torch.Generator().manual_seed(r.sampling.seed) for r in reqs]
@@ -444,16 +491,20 @@ class TransformersGenerator:
         tokens: list[list[int]] = [[] for _ in reqs]
         logprobs: list[list[float]] = [[] for _ in reqs]
         finish: list[FinishReason | None] = [None] * n
-        batch = self.static.start([r.prompt for r in reqs], max(r.max_tokens for r in reqs))
+        batch = self.static.start([r.prompt for r in reqs], max(r.max_tokens for r in reqs) + 1)
         self.stats["forward_passes"] += 1
-        logits = batch.prefill_logits
         rows = list(range(n))
         any_min = any(p.min_tokens > 0 for p in params)
+        to_host = _HostCopy(n, self.device)
+        logits = batch.prefill_logits
         while True:
             if any_min:
                 logits = _suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
             tok, lp = sample_next(logits, params, gens)
-            tok_list, lp_list = tok.tolist(), lp.tolist()
+            to_host.start(tok, lp)
+            logits = batch.step(tok)  # speculative: runs while the host looks at tok
+            self.stats["forward_passes"] += 1
+            tok_list, lp_list = to_host.wait()
             for i in range(n):
                 if finish[i] is not None:
                     continue
@@ -468,7 +519,5 @@ class TransformersGenerator:
                     finish[i] = "length"
             if all(f is not None for f in finish):
                 break
-            logits = batch.step(tok)
-            self.stats["forward_passes"] += 1
         self.stats["tokens_generated"] += sum(len(t) for t in tokens)
         return [Generation(tokens[i], logprobs[i], finish[i] or "abort") for i in range(n)]

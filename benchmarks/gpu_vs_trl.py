@@ -1,0 +1,281 @@
+"""agentrl's trainer against TRL's GRPOTrainer, side by side, same model, prompts and settings.
+
+    # lent GPU (no hub there): a Qwen2.5-0.5B-shaped random model and Qwen3's real tokenizer
+    python benchmarks/gpu_vs_trl.py --tokenizer .assets/qwen3 --rows 8x8x256,8x8x1024,32x8x512
+    # this CPU: the bundled model, both frameworks on CPU
+    python benchmarks/gpu_vs_trl.py --cpu --rows 4x4x32
+
+A row ``PxGxN`` is P prompts x G generations x N completion tokens per optimizer step. Both sides
+get the same single-turn prompts (TRL's dataset is built from the agentrl environment's own reset
+messages), completions forced to full length (TRL: ``min_new_tokens``; agentrl: ``min_tokens``),
+temperature 1, loss dapo, beta 0, one iteration, AdamW (fused on CUDA) lr 1e-6 betas (0.9, 0.99),
+no weight decay, grad-norm clip 1, bf16 autocast over fp32 master weights, gradient checkpointing,
+micro-batches of 16 sequences. Each (framework, row) runs in its own process, so peak memory is
+that run's alone. Step time is the median over the steps after the first (warm-up). Reward: the
+share of digits in the completion (random weights: it only has to vary within groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve()
+MICRO = 16
+LR = 1e-6
+
+
+def digits(completion: str = "", completions: Any = None, **_: Any) -> Any:
+    """Share of digits in the answer; works as an agentrl extra reward and as a TRL reward."""
+    def one(text: Any) -> float:
+        if isinstance(text, list):  # TRL conversational completions
+            text = "".join(m.get("content") or "" for m in text)
+        return sum(c.isdigit() for c in text) / max(1, len(text))
+
+    if completions is not None:
+        return [one(c) for c in completions]
+    return one(completion)
+
+
+def prompt_tasks(n: int) -> list[dict[str, str]]:
+    topics = ["primes", "the year 1969", "a phone number", "a recipe", "a train timetable", "chess", "a tax form", "dice"]
+    return [{"question": f"Task {i}: write a short text about {topics[i % len(topics)]} with numbers in it."} for i in range(n)]
+
+
+def make_env(n: int = 64) -> Any:
+    """Single-turn: no tools, the episode ends after one assistant turn."""
+    from datasets import Dataset
+
+    from agentrl import ToolEnvironment
+
+    class SingleTurn(ToolEnvironment):
+        max_turns = 1
+
+        def load_dataset(self, split: str) -> Any:
+            return Dataset.from_list(prompt_tasks(n))
+
+    return SingleTurn(rewards=[digits])
+
+
+def build_model(tokenizer_dir: str, out: Path) -> None:
+    """A Qwen2.5-0.5B-shaped model with random weights (fp32 on disk) plus the tokenizer."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = Qwen2Config(
+        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+        tie_word_embeddings=True, rope_theta=1_000_000.0,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _peak() -> float:
+    """Peak CUDA memory allocated by this process; on CPU its peak resident set size."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+# -- workers (each in its own process) ---------------------------------------------------------------
+
+
+def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[str, Any]:
+    from agentrl.config import build, parse_overrides
+    from agentrl.train_config import TrainConfig
+    from agentrl.trainer import Trainer
+
+    out = tempfile.mkdtemp(prefix="agentrl-bench-")
+    args = [
+        f"model.path={model}", f"env={HERE}:make_env", f"env_args={{\"n\": {P * steps}}}", f"max_steps={steps}",
+        f"prompts_per_step={P}", f"num_generations={G}", f"micro_batch_size={MICRO}", f"learning_rate={LR}",
+        "adam_betas=[0.9,0.99]", "weight_decay=0", "max_grad_norm=1.0", "loss.loss_type=dapo", "loss.beta=0",
+        "sampling.temperature=1.0", f"sampling.min_tokens={N}", f"rollout.max_tokens_per_turn={N}",
+        f"rollout.max_completion_tokens={N}", f"rollout.max_context={N + 128}", "rollout.max_turns=1",
+        f"output_dir={out}", "samples_per_log=0", "save_final=false", "eval_every=0",
+        f"precision={'fp32' if cpu else 'bf16'}", f"gradient_checkpointing={'false' if cpu else 'true'}",
+        f'extra_rewards=[{{"fn": "{HERE}:digits"}}]',
+    ]
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer = Trainer(build(TrainConfig, parse_overrides(args)))
+    t0 = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    later = rows[1:] or rows
+    step = statistics.median(r["perf/step_s"] for r in later)
+    gen = statistics.median(r["rollout/elapsed_s"] for r in later)
+    sampled = statistics.median(r["rollout/tokens/sampled"] for r in later)
+    stats = getattr(trainer.generator, "static", None)
+    return {
+        "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled, "peak_gib": _peak(),
+        "total_s": total, "steps": len(rows), "static_decode": None if stats is None else stats.stats,
+    }
+
+
+def run_trl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[str, Any]:
+    import anyio
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    env = make_env(P * steps)
+    prompts = []
+    for task in env.dataset("train"):
+        messages, _ = anyio.run(env.reset, dict(task), 0)
+        prompts.append({"prompt": messages})
+    data = Dataset.from_list(prompts)
+    times: list[float] = []
+    gen_times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            _sync()
+            times.append(time.perf_counter())
+
+    class Timed(GRPOTrainer):
+        def _generate(self, *a: Any, **kw: Any) -> Any:  # generation only, not scoring or loss
+            _sync()
+            t = time.perf_counter()
+            out = super()._generate(*a, **kw)
+            _sync()
+            gen_times.append(time.perf_counter() - t)
+            return out
+
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=P * G // MICRO, num_generations=G, max_completion_length=N,
+        generation_kwargs={"min_new_tokens": N}, temperature=1.0, learning_rate=LR, loss_type="dapo", beta=0.0,
+        num_iterations=1, bf16=not cpu, use_cpu=cpu, gradient_checkpointing=not cpu, max_steps=steps, logging_steps=1,
+        report_to="none", save_strategy="no", seed=0, lr_scheduler_type="constant", max_grad_norm=1.0,
+        adam_beta2=0.99, weight_decay=0.0, optim="adamw_torch" if cpu else "adamw_torch_fused",
+        dataloader_num_workers=0, shuffle_dataset=False,
+    )
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer = Timed(model=model, reward_funcs=[digits], args=config, train_dataset=data, callbacks=[Clock()])
+    _sync()
+    start = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - start
+    ends = [start, *times]
+    durations = [b - a for a, b in zip(ends, ends[1:])]
+    later = durations[1:] or durations
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    step = statistics.median(later)
+    gen = statistics.median(gen_times[1:] or gen_times)
+    return {
+        "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": (lengths[-1] if lengths else N) * P * G,
+        "peak_gib": _peak(), "total_s": total, "steps": len(durations),
+    }
+
+
+# -- driver -------------------------------------------------------------------------------------------
+
+
+def worker(args: argparse.Namespace) -> None:
+    P, G, N = (int(x) for x in args.row.split("x"))
+    fn = run_agentrl if args.worker == "agentrl" else run_trl
+    result = fn(args.model, P, G, N, args.steps, args.cpu)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        "| P x G x N | framework | step s | gen s | train s | generated tok/s (over the step) | trained tok/s (train phase) | peak GiB | agentrl/TRL speed | agentrl/TRL memory |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_row: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in results:
+        by_row.setdefault(r["row"], {})[r["framework"]] = r
+    for row, pair in by_row.items():
+        for name in ("trl", "agentrl"):
+            r = pair.get(name)
+            if r is None:
+                continue
+            if "error" in r:
+                lines.append(f"| {row} | {name} | failed: {r['error'][:80]} | | | | | | | |")
+                continue
+            tok = r["sampled_tokens"]
+            speed = mem = ""
+            other = pair.get("trl")
+            if name == "agentrl" and other and "error" not in other:
+                speed = f"{other['step_s'] / r['step_s']:.2f}x faster"
+                mem = f"{r['peak_gib'] / other['peak_gib']:.2f}x"
+            lines.append(
+                f"| {row} | {name} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {tok / r['step_s']:,.0f} | "
+                f"{tok / max(r['train_s'], 1e-9):,.0f} | {r['peak_gib']:.2f} | {speed} | {mem} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokenizer", default=".assets/qwen3", help="tokenizer folder for the GPU model")
+    ap.add_argument("--rows", default="8x8x256,8x8x1024,32x8x512")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--cpu", action="store_true", help="bundled model on CPU, both frameworks")
+    ap.add_argument("--frameworks", default="trl,agentrl")
+    ap.add_argument("--model", default=None, help="model folder (default: build one; --cpu: the bundled model)")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--worker", choices=["agentrl", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--row", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.cpu:
+        from agentrl.models import resolve_model
+
+        model = args.model or str(resolve_model("default"))
+    else:
+        assert torch.cuda.is_available(), "GPU mode needs CUDA; use --cpu on this machine"
+        model = args.model or tempfile.mkdtemp(prefix="q05-")
+        if args.model is None:
+            build_model(args.tokenizer, Path(model))
+    device = "cpu" if args.cpu else torch.cuda.get_device_name()
+    results = []
+    for row in args.rows.split(","):
+        for fw in args.frameworks.split(","):
+            cmd = [sys.executable, str(HERE), "--worker", fw, "--row", row, "--model", model, "--steps", str(args.steps)]
+            cmd += ["--cpu"] if args.cpu else []
+            t = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+            if found:
+                result = json.loads(found[-1][7:])
+            else:
+                result = {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+                print(proc.stderr[-3000:], file=sys.stderr)
+            result.update(row=row, framework=fw, wall_s=time.perf_counter() - t)
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    print(f"\ndevice: {device}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}")
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Where a decode step's time goes on CUDA: graph replay alone, sampling alone, the whole generator.
+
+    python benchmarks/profile_decode.py --model <folder> [--batch 64 --tokens 256]
+
+Prints milliseconds per token step for each part, so changes to the generator can be predicted
+and then checked (see benchmarks/RESULTS.md, "GPU log").
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import anyio
+import torch
+
+
+def timed(fn, n: int) -> float:
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1000
+
+
+def main() -> None:
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.generators.base import SamplingParams
+    from agentrl.generators.static_decode import StaticDecoder
+    from agentrl.generators.transformers import TransformersGenerator, sample_next
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=40)
+    ap.add_argument("--kernels", action="store_true", help="profile the eager step's CUDA kernels")
+    ap.add_argument("--only-kernels", action="store_true")
+    args = ap.parse_args()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
+    B, N = args.batch, args.tokens
+    prompts = [[(13 * i + j) % 1000 + 10 for j in range(args.prompt)] for i in range(B)]
+
+    dec = StaticDecoder(model, 0)
+    with torch.inference_mode():
+        batch = dec.start(prompts, N)
+        tok = torch.zeros(B, dtype=torch.long, device="cuda")
+        batch.step(tok)  # capture
+        replay = timed(lambda: dec.decode_step(batch.slot, batch.column), 100)
+        logits = batch.prefill_logits
+        params = [SamplingParams(temperature=1.0, max_tokens=N)] * B
+        sample = timed(lambda: sample_next(logits, params, [None] * B), 100)
+        sample_tolist = timed(lambda: sample_next(logits, params, [None] * B)[0].tolist(), 100)
+    print(f"graph replay {replay:.2f} ms/step; sample_next {sample:.2f} ms; sample_next+tolist {sample_tolist:.2f} ms")
+    if args.kernels:
+        from torch.profiler import ProfilerActivity, profile
+
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                dec.forward(batch.slot, batch.slot.ids, batch.slot.pos, batch.slot.mask)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60))
+    if args.only_kernels:
+        return
+
+    for label, static, min_tokens in [("static+graph", True, 0), ("static+graph min_tokens", True, N), ("dynamic cache", False, 0)]:
+        gen = TransformersGenerator(model, 0, static_cache=static, gather_window_s=0.05)
+        sp = SamplingParams(temperature=1.0, max_tokens=N, min_tokens=min_tokens)
+
+        async def run() -> float:
+            t = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for p in prompts:
+                    tg.start_soon(gen.generate, p, sp)
+            return time.perf_counter() - t
+
+        anyio.run(run)  # warm-up / capture
+        elapsed = anyio.run(run)
+        anyio.run(gen.close)
+        print(f"{label}: {elapsed:.2f} s for {B}x{N} = {elapsed / N * 1000:.2f} ms/step, batches {gen.stats['batch_sizes'][-3:]}")
+
+
+if __name__ == "__main__":
+    main()
