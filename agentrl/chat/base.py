@@ -45,6 +45,7 @@ class ChatFormat:
         name: str | None = None,
         template_source: str | None = None,
         adapt_messages: Callable[[list[Message]], list[Message]] | None = None,
+        end_tokens: Sequence[str] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.parser = parser
@@ -55,6 +56,9 @@ class ChatFormat:
         self.template_source = template_source or ("override" if chat_template is not None else "tokenizer")
         # Some real templates need another message shape (e.g. arguments as JSON strings).
         self._adapt = adapt_messages
+        # Families whose turn end is not what follows a plain reply (Llama's <|eom_id|>, GPT-OSS's
+        # <|call|>/<|return|>, where <|end|> only closes one message of a turn) name them.
+        self._end_tokens = tuple(end_tokens or ())
         self._eot_ids, self._stop_ids = self._find_end_tokens()
 
     def __repr__(self) -> str:
@@ -109,9 +113,21 @@ class ChatFormat:
         return list(self._stop_ids)
 
     def _find_end_tokens(self) -> tuple[list[int], list[int]]:
-        """Read the turn-end token off a rendered probe reply, so no family needs a hard-coded list."""
+        """The family's named end tokens, else the turn-end token read off a rendered probe reply
+        (so most families need no hard-coded list), then eos."""
         tok = self.tokenizer
-        ids: list[int] = []
+        vocab = tok.get_vocab()
+        ids = [vocab[t] for t in self._end_tokens if t in vocab] or self._probe_end_token()
+        if tok.eos_token_id is not None and tok.eos_token_id not in ids and not self._end_tokens:
+            ids.append(tok.eos_token_id)
+        stop = list(ids)
+        for token in _DOCUMENT_END_TOKENS:
+            if token in vocab and vocab[token] not in stop:
+                stop.append(vocab[token])
+        return ids, stop
+
+    def _probe_end_token(self) -> list[int]:
+        tok = self.tokenizer
         try:
             text = self.render_text(
                 [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE_REPLY}],
@@ -119,18 +135,10 @@ class ChatFormat:
             )
             tail = text[text.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :]
             first = self.encode(tail)[:1]
-            if first and first[0] in set(tok.all_special_ids) | set(tok.added_tokens_decoder):
-                ids.append(first[0])
         except Exception:  # a template that cannot render the probe: fall back to eos
-            pass
-        if tok.eos_token_id is not None and tok.eos_token_id not in ids:
-            ids.append(tok.eos_token_id)
-        stop = list(ids)
-        vocab = tok.get_vocab()
-        for token in _DOCUMENT_END_TOKENS:
-            if token in vocab and vocab[token] not in stop:
-                stop.append(vocab[token])
-        return ids, stop
+            return []
+        special = set(tok.all_special_ids) | set(tok.added_tokens_decoder)
+        return first if first and first[0] in special else []
 
     # ---------------------------------------------------------------- parsing
     def parse(self, token_ids: Sequence[int], tools: Sequence[Message] | None = None) -> ParsedResponse:

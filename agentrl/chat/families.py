@@ -2,8 +2,32 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from agentrl.chat.formats import FormatSpec, register_format
 from agentrl.chat.training import verify_qwen3_training
+
+
+def arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Templates that write each argument separately need them as a mapping, not a JSON string."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if calls and any(isinstance(c.get("function", c).get("arguments"), str) for c in calls):
+            fixed = []
+            for c in calls:
+                fn = dict(c.get("function", c))
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        pass  # left as text; the template writes no parameters for it
+                fixed.append({**c, "function": fn})
+            m = {**m, "tool_calls": fixed}
+        out.append(m)
+    return out
+
 
 HERMES = register_format(FormatSpec(name="hermes", parser="hermes", models="Qwen2.5, Hermes 2/3, agentrl's bundled model"))
 QWEN3 = register_format(
@@ -23,5 +47,54 @@ CHATML_TOOLS = register_format(
         models="SmolLM2 and other ChatML templates without a tools section",
         template="chatml_tools.jinja",
         markers=("<|im_start|>assistant",),
+    )
+)
+QWEN3_XML = register_format(
+    FormatSpec(
+        name="qwen3_xml",
+        parser="qwen3_xml",
+        models="Qwen3.5, Qwen3-Coder (XML parameter calls)",
+        template="qwen3_xml_tools.jinja",
+        thinking=True,
+        adapt_messages=arguments_as_objects,
+    )
+)
+LLAMA3 = register_format(
+    FormatSpec(
+        name="llama3",
+        parser="llama3",
+        models="Llama 3.1, 3.2, 3.3 (JSON tool calls)",
+        template="llama3_tools.jinja",
+        markers=("<|start_header_id|>assistant<|end_header_id|>",),
+        end_tokens=("<|eot_id|>", "<|eom_id|>"),
+    )
+)
+MISTRAL = register_format(
+    FormatSpec(
+        name="mistral",
+        parser="mistral",
+        models="Mistral 7B v0.3, Nemo, Small ([TOOL_CALLS]; v11+ name[ARGS] calls are parsed too)",
+        template="mistral_tools.jinja",
+        markers=("[/INST]",),
+    )
+)
+DEEPSEEK_V3 = register_format(
+    FormatSpec(
+        name="deepseek_v3",
+        parser="deepseek_v3",
+        models="DeepSeek V3",
+        template="deepseek_v3_tools.jinja",
+        markers=("<｜Assistant｜>",),
+    )
+)
+GPT_OSS = register_format(
+    FormatSpec(
+        name="gpt_oss",
+        parser="gpt_oss",
+        models="GPT-OSS 20B / 120B (harmony)",
+        template="gpt_oss_tools.jinja",
+        thinking=True,
+        markers=("<|start|>assistant", "<|channel|>"),
+        end_tokens=("<|call|>", "<|return|>"),
     )
 )

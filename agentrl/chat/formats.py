@@ -26,6 +26,7 @@ class FormatSpec:
     ``markers``: text the family's template writes around a plain assistant turn; a template that
     shows them but renders no tools at all is detected as this format and gets ``template``.
     ``verify_training``: checks a training template against the tokenizer's original (None = ok).
+    ``adapt_messages``: reshapes messages before rendering (e.g. arguments as JSON strings).
     """
 
     name: str
@@ -36,6 +37,7 @@ class FormatSpec:
     thinking: bool = False
     markers: tuple[str, ...] = ()
     adapt_messages: Callable[[Messages], Messages] | None = None
+    end_tokens: tuple[str, ...] = ()  # tokens that end an assistant turn, when a probe cannot tell
     verify_training: Callable[[Any, str, str], str | None] | None = None
 
     def writes_syntax(self, probe: TemplateProbe) -> bool:

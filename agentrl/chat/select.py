@@ -44,7 +44,7 @@ def get_chat_format(
         template, source = choose_template(tokenizer, spec, training_template)
     fmt = ChatFormat(
         tokenizer, get_parser(spec.parser), chat_template=template, name=name, template_source=source,
-        adapt_messages=spec.adapt_messages,
+        adapt_messages=spec.adapt_messages, end_tokens=spec.end_tokens,
     )  # fmt: skip
     log.info("chat format %s, template: %s", name, source)
     return fmt
@@ -54,8 +54,8 @@ def choose_template(tokenizer: Any, spec: FormatSpec, training_template: bool = 
     """(template to use, None = the tokenizer's; a description of the choice)."""
     own = getattr(tokenizer, "chat_template", None)
     if spec.template is not None and (not own or not spec.writes_syntax(probe_template(tokenizer))):
-        why = "has no chat template" if not own else f"writes no {spec.name!r} tool calls"
-        return spec.template_text(), f"agentrl {spec.template} (the tokenizer's template {why})"
+        why = "the tokenizer has no chat template" if not own else f"the tokenizer's template writes no {spec.parser!r} tool calls"
+        return spec.template_text(), f"agentrl {spec.template} ({why})"
     if spec.training_template is not None and training_template and own:
         training = spec.template_text(training=True) or ""
         problem = spec.verify_training(tokenizer, own, training) if spec.verify_training else None

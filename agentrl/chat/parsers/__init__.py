@@ -1,6 +1,6 @@
 """Response parsers, one module per tool-call syntax family.
 
-Adding a family (Llama 3 bare JSON, Mistral ``[TOOL_CALLS]``, Qwen3.5 XML parameters...) means one
+Adding a family means one
 module that subclasses :class:`ResponseParser`, decorates it with :func:`register_parser`, reuses
 :mod:`.calls` / :mod:`.reasoning` where it can, and is imported below.
 """
@@ -9,10 +9,20 @@ from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
 from agentrl.chat.parsers.registry import available_parsers, get_parser, parser_classes, register_parser
 
 # Built-in families register themselves on import.
+from agentrl.chat.parsers.deepseek_v3 import DeepSeekV3Parser
+from agentrl.chat.parsers.gpt_oss import GptOssParser
 from agentrl.chat.parsers.hermes import HermesParser
+from agentrl.chat.parsers.llama3 import Llama3Parser
+from agentrl.chat.parsers.mistral import MistralParser
 from agentrl.chat.parsers.qwen3 import Qwen3Parser
+from agentrl.chat.parsers.qwen3_xml import Qwen3XmlParser
 
 __all__ = [
+    "DeepSeekV3Parser",
+    "GptOssParser",
+    "Llama3Parser",
+    "MistralParser",
+    "Qwen3XmlParser",
     "HermesParser",
     "Qwen3Parser",
     "ResponseParser",
