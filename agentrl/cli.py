@@ -139,19 +139,23 @@ def cmd_eval(args: list[str]) -> int:
 
 
 def load_generation(model_cfg: Any, gen_cfg: Any) -> tuple[Any, Any]:
-    """Tokenizer, chat format, model and the transformers generator for a model config."""
+    """Tokenizer, chat format and the configured generator (``generator.backend``) for a model config."""
     import torch
 
     from agentrl.chat import get_chat_format
-    from agentrl.generators.transformers import TransformersGenerator
+    from agentrl.config import require_backend
+    from agentrl.generators import build_generator
     from agentrl.models import load_model, load_tokenizer
 
+    require_backend(gen_cfg)
     tokenizer = load_tokenizer(model_cfg.path)
     chat_format = get_chat_format(tokenizer, model_cfg.chat_format)
-    dtype = None if model_cfg.dtype == "auto" else getattr(torch, model_cfg.dtype)
-    model = load_model(model_cfg.path, dtype=dtype, device=model_cfg.device)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat_format.stop_token_ids[0]
-    generator = TransformersGenerator(model, pad_token_id=pad, max_batch_size=gen_cfg.max_batch_size, gather_window_s=gen_cfg.gather_window_s)
+    model = None
+    if gen_cfg.backend == "transformers":  # the vLLM backends load the checkpoint themselves
+        dtype = None if model_cfg.dtype == "auto" else getattr(torch, model_cfg.dtype)
+        model = load_model(model_cfg.path, dtype=dtype, device=model_cfg.device)
+    generator = build_generator(gen_cfg, model_path=model_cfg.path, pad_token_id=pad, max_context=None, model=model)
     return generator, chat_format
 
 

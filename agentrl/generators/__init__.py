@@ -13,7 +13,7 @@ def build_generator(
     *,
     model_path: str,
     pad_token_id: int,
-    max_context: int,
+    max_context: int | None,
     model: Any = None,
     seed: int = 0,
 ) -> Generator:
@@ -22,7 +22,8 @@ def build_generator(
     ``model``: the loaded policy module, used in place by the transformers backend (so it sees
     every optimizer step without a copy); the vLLM backends load ``model_path`` themselves and get
     weights pushed through ``update_weights``. Backends are imported only when chosen, so vLLM
-    stays optional.
+    stays optional. ``max_context``: the longest prompt plus completion the caller will send
+    (None: the model's own limit).
     """
     backend = settings.backend
     if backend == "transformers":

