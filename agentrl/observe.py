@@ -67,11 +67,12 @@ class RunLog:
             print("  ".join(f"{name}={value}" for (name, _, _), value in zip(HEADLINE, row) if value != "-"), flush=True)
 
     def samples(self, step: int, trajectories: list[Trajectory], decode: Any) -> None:
-        """Keep a few whole trajectories per log step, with the model-visible text."""
+        """Keep a few whole trajectories per log step (the Trajectory record, so ``agentrl view``
+        can show their tokens), plus the model-visible text of each sample."""
         with open(self.samples_path, "a", encoding="utf-8") as f:
             for t in trajectories:
                 text = [decode(s.ids) for s in t.samples]
-                f.write(json.dumps({"step": step, "reward": t.reward, "rewards": t.rewards, "finish_reason": t.finish_reason, "text": text, "messages": t.messages}, default=str) + "\n")
+                f.write(json.dumps({"step": step, **t.to_dict(), "text": text}, default=str) + "\n")
 
     def _table(self) -> Any:
         from rich.table import Table

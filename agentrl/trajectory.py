@@ -24,6 +24,10 @@ class Sample:
     completion_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # The trainer's logprobs of the same tokens under the weights that sampled them (0.0 where the
+    # mask is 0); filled by the trainer, None elsewhere. Their gap to ``logprobs`` is the
+    # sampler/trainer mismatch the viewer shows.
+    trainer_logprobs: list[float] | None = None
 
     def extend(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.completion_ids.extend(ids)
