@@ -203,19 +203,19 @@ def test_hub_id_from_the_local_cache_and_a_clear_offline_error(
 
     repo = tmp_path / "hub" / "models--acme--tiny-chat"
     (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
-    for f in bundled_model_path().iterdir():  # a real model repo's files, weights left out
-        if f.suffix != ".safetensors":
-            (repo / "snapshots" / ("0" * 40) / f.name).write_bytes(f.read_bytes())
+    for f in bundled_model_path().iterdir():  # a real model repo: config, tokenizer, template, weights
+        (repo / "snapshots" / ("0" * 40) / f.name).write_bytes(f.read_bytes())
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
-    code, out = doctor(capsys, "model=acme/tiny-chat")
+    code, out = doctor(capsys, "model=acme/tiny-chat", "check_model=true", "max_new_tokens=4")
     assert code == 0, out
     assert "agentrl doctor  model=acme/tiny-chat" in out and "PASS  tool-call round trip" in out
+    assert "PASS  model matches tokenizer" in out  # the weights came from the cache too
     code, out = doctor(capsys, "model=acme/not-cached")
     assert code == 2
-    assert "not in the Hugging Face cache" in out and "cannot be reached" in out and "127.0.0.1" in out
+    assert "no tokenizer in the Hugging Face cache" in out and "cannot be reached" in out and "127.0.0.1" in out
     assert len(out.strip().splitlines()) == 1, out
 
 

@@ -12,24 +12,19 @@ from __future__ import annotations
 
 import inspect
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from pydantic import ConfigDict, Field
 
-from agentrl.config import ConfigError, Strict, build, parse_overrides
+from agentrl.config import Strict, build, parse_overrides
 from agentrl.doctor import checks as C
 from agentrl.doctor import material as M
+from agentrl.doctor.loading import DoctorError, load_tokenizer
 from agentrl.doctor.report import Report, write
 
 __all__ = ["DoctorConfig", "DoctorError", "diagnose", "load_tokenizer", "main"]
-
-
-class DoctorError(ConfigError):
-    """Bad input to the doctor (no such model, unreadable template): one line, exit status 2."""
 
 
 class DoctorConfig(Strict):
@@ -40,7 +35,7 @@ class DoctorConfig(Strict):
     chat_template: str | None = Field(None, description="a .jinja file, or 'agentrl' for agentrl's ChatML + tools template")
     training_template: bool = Field(True, description="allow a format's verified training template, as training does")
     check_model: bool = Field(False, description="also load the model: vocabulary size and one greedy turn")
-    env: str | None = Field(None, description="with check_model: generate from this environment's first episode")
+    env: str | None = Field(None, description="with check_model: generate from this environment's first test task")
     max_new_tokens: int = Field(128, ge=1)
     device: str | None = None
     strict: bool = Field(False, description="warnings fail too (exit 1)")
@@ -161,62 +156,9 @@ def _template_source(fmt: Any, cfg: DoctorConfig, template: str | None) -> str:
     return str(source) if source else "the tokenizer's chat template"
 
 
-# ----------------------------------------------------------------------------- loading
-def load_tokenizer(spec: str) -> Any:
-    """A tokenizer from ``default``, a local folder, or a hub id (the local cache first; one clear error offline)."""
-    from transformers import AutoTokenizer
-
-    from agentrl.models import resolve_model
-
-    path = Path(resolve_model(spec)).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise DoctorError(f"model={spec}: {path} is a file; pass the folder that holds the tokenizer files")
-        try:
-            return AutoTokenizer.from_pretrained(path)
-        except Exception as exc:
-            raise DoctorError(f"model={spec}: no tokenizer could be loaded from {path}: {_first_line(exc)}") from None
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
-        raise DoctorError(f"model={spec}: no such folder")
-    try:
-        return AutoTokenizer.from_pretrained(spec, local_files_only=True)
-    except Exception as exc:
-        cached_error = _first_line(exc)
-    from huggingface_hub import constants
-
-    offline = _hub_unreachable(constants.ENDPOINT, bool(constants.HF_HUB_OFFLINE))
-    if offline:
-        raise DoctorError(
-            f"model={spec}: not a local folder and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), "
-            f"and the hub cannot be reached ({offline}). Download it where there is network "
-            f"(`hf download {spec}`) or pass a local folder."
-        )
-    try:
-        return AutoTokenizer.from_pretrained(spec)
-    except Exception as exc:
-        raise DoctorError(f"model={spec}: no tokenizer in the cache ({cached_error}) nor on the hub: {_first_line(exc)}") from None
-
-
-def _hub_unreachable(endpoint: str, offline_flag: bool) -> str | None:
-    """Why the hub cannot be reached, or None; checked in a second so an offline run does not retry for a minute."""
-    if offline_flag:
-        return "HF_HUB_OFFLINE is set"
-    host = urlparse(endpoint).hostname or endpoint
-    try:
-        socket.create_connection((host, 443), timeout=3).close()
-    except OSError as exc:
-        return f"{host}: {exc.strerror or exc}"
-    return None
-
-
 def _where(tokenizer: Any, spec: str) -> str:
     path = getattr(tokenizer, "name_or_path", "") or spec
     return path if os.path.isabs(path) or spec != path else spec
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{exc.__class__.__name__}: {text[0] if text else ''}"
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ def load_for_check(spec: str, device: str | None) -> tuple[Any, Check | None]:
     """The model, or a FAIL check saying why it could not be loaded."""
     from transformers.utils import logging as hf_logging
 
+    from agentrl.doctor.loading import DoctorError, load_offline_first
     from agentrl.models import load_model
 
     hf_logging.disable_progress_bar()  # the report is the output; a weights bar would interleave with it
     try:
-        return load_model(spec, device=device), None
-    except Exception as exc:
-        return None, Check("model loads", FAIL, f"could not load a causal LM from {spec!r}: {exc.__class__.__name__}: {short(str(exc), 300)}")
+        return load_offline_first(spec, lambda path, **kw: load_model(path, device=device, **kw), "model"), None
+    except DoctorError as exc:
+        return None, Check("model loads", FAIL, f"could not load a causal LM: {exc}")
 
 
 def check_vocab(model: Any, tokenizer: Any) -> Check:
@@ -35,7 +36,7 @@ def check_vocab(model: Any, tokenizer: Any) -> Check:
 
 
 def episode_start(env_name: str | None) -> tuple[list[M.Message], list[M.Message] | None, str]:
-    """The opening messages and tool schemas to generate from: an environment's first episode or the doctor's own."""
+    """The opening messages and tool schemas to generate from: an environment's first test task or the doctor's own."""
     if env_name is None:
         return M.history(), M.TOOLS, "the doctor's flight/weather prompt"
     import anyio
@@ -43,8 +44,12 @@ def episode_start(env_name: str | None) -> tuple[list[M.Message], list[M.Message
     from agentrl.registry import make
 
     env = make(env_name)
-    messages, _info = anyio.run(lambda: env.reset(seed=0))
-    return list(messages), env.tool_schemas() or None, f"environment {env_name!r}, seed 0"
+    try:  # the test split is small and what evaluation uses; building a train split can take seconds
+        task, where = dict(env.dataset("test")[0]), f"environment {env_name!r}, first test task"
+    except Exception:
+        task, where = None, f"environment {env_name!r}, seed 0"
+    messages, _info = anyio.run(lambda: env.reset(task=task, seed=0))
+    return list(messages), env.tool_schemas() or None, where
 
 
 def check_generation(fmt: Any, model: Any, env_name: str | None, max_new_tokens: int) -> Check:
