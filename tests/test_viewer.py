@@ -387,3 +387,29 @@ def test_in_chromium_tokens_render_filters_work_and_injection_is_inert(episodes,
     shown = [name for (name, _), e in zip(trajs, parse(dom).episodes) if "hidden" not in e["attrs"]]
     assert shown == ["failed"] and f"showing 1 of {n} episodes" in dom
     assert share(decode_png(shot.read_bytes()), TRAINED_RGB) < trained / 20  # only the legend's swatch is left
+
+
+def test_training_run_records_trainer_logprobs_that_match_the_sampler(tmp_path, capsys):
+    """A real one-step run: samples.jsonl carries the trainer's logprobs, aligned with the sampler's."""
+    from agentrl.config import build, parse_overrides
+    from agentrl.train_config import TrainConfig
+    from agentrl.trainer import Trainer
+
+    overrides = ["max_steps=1", "prompts_per_step=2", "num_generations=2", "samples_per_log=2", "rollout.max_tokens_per_turn=32",
+                 "rollout.max_completion_tokens=96", "save_final=false", f"output_dir={tmp_path}"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        Trainer(build(TrainConfig, parse_overrides(overrides))).train()
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    assert cli(["view", str(tmp_path)]) == 0
+    assert "tokenizer of default" in capsys.readouterr().out  # found through the run's config.json
+    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    gaps = [abs(t - s) for r in rows for smp in r["samples"] for t, s, m in zip(smp["trainer_logprobs"], smp["logprobs"], smp["loss_mask"]) if m]
+    assert gaps and max(gaps) < 1e-4, max(gaps)  # same weights, same temperature, fp32: only float noise
+    parsed = parse(tmp_path / "view.html")
+    assert all("trainer" in e["attrs"]["data-flags"].split() for e in parsed.episodes)
+    assert "step 1 · group 0" in (tmp_path / "view.html").read_text()
