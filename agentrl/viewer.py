@@ -143,29 +143,33 @@ class Decoder:
     def text(self, ids: list[int]) -> str:
         if self.tokenizer is None:
             return "".join(f"[{i}]" for i in ids)
-        return self._decode(tuple(ids))
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    def pieces(self, ids: list[int]) -> list[str]:
-        """Text each token adds, decoded with a few tokens of left context.
+    def pieces(self, ids: list[int], context: list[int] | None = None) -> list[str]:
+        """Text each token adds, decoded with a few tokens of left context (``context`` precedes ``ids``).
 
         A byte-level token may hold part of a character: it gets "" and the token that completes
-        the character gets all of it, so the pieces join to the decoded text.
+        the character gets all of it, so the pieces join to the decoded text. The left context
+        also keeps the word-initial spaces that SentencePiece decoders drop from a first token.
         """
         if self.tokenizer is None:
             return [f"[{i}]" for i in ids]
+        ctx = list(context or [])[-WINDOW:]
+        seq = ctx + list(ids)
         out = []
-        for i in range(len(ids)):
+        for i in range(len(ctx), len(seq)):
             lo = max(0, i - WINDOW)
-            before = self._decode(tuple(ids[lo:i])).rstrip("\ufffd") if i > lo else ""
-            full = self._decode(tuple(ids[lo : i + 1])).rstrip("\ufffd")
-            out.append(full[len(before) :] if full.startswith(before) else self._decode((ids[i],)))
+            before = self._window(tuple(seq[lo:i])).rstrip("\ufffd") if i > lo else ""
+            full = self._window(tuple(seq[lo : i + 1])).rstrip("\ufffd")
+            out.append(full[len(before) :] if full.startswith(before) else self._window((seq[i],)))
         return out
 
-    def _decode(self, ids: tuple[int, ...]) -> str:
+    def _window(self, ids: tuple[int, ...]) -> str:
+        """Decode a short window, cached: the same few tokens recur across a run's episodes."""
         text = self._cache.get(ids)
         if text is None:
-            text = self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            if len(self._cache) < 200_000:
+            text = self.text(list(ids))
+            if len(self._cache) < 500_000:
                 self._cache[ids] = text
         return text
 

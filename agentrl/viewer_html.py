@@ -257,7 +257,8 @@ def _segment(seg: Segment, t: Trajectory, k: int, decoder: Decoder) -> str:
         out.append(f"<h4>{seg.mid - seg.start} sampled + {seg.end - seg.mid} environment tokens</h4>")
     spans = []
     trainer = sample.trainer_logprobs
-    for i, piece in zip(range(seg.start, seg.mid), decoder.pieces(ids[seg.start : seg.mid])):
+    context = (sample.prompt_ids + ids[: seg.start])[-16:]
+    for i, piece in zip(range(seg.start, seg.mid), decoder.pieces(ids[seg.start : seg.mid], context)):
         lp = sample.logprobs[i] if i < len(sample.logprobs) else 0.0
         cls = f"s l{lp_bucket(lp)}"
         tip = f"token {i} · id {ids[i]} · logprob {lp:.4f} (p {_p(lp)})"

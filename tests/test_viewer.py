@@ -261,6 +261,18 @@ def test_pieces_join_to_the_decoded_text_for_byte_level_tokens():
     assert "" in pieces  # an emoji spans several byte tokens: the first ones add nothing yet
 
 
+def test_pieces_keep_the_space_a_sentencepiece_decoder_drops_from_a_first_token():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    sp = Tokenizer(models.WordLevel({"[UNK]": 0, "▁hello": 1, "▁world": 2, "▁again": 3}, unk_token="[UNK]"))
+    sp.pre_tokenizer, sp.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=sp)
+    hello, world, again = tok("hello world again", add_special_tokens=False)["input_ids"]
+    assert tok.decode([world, again]) == "world again"  # alone, the first token loses its space
+    assert Decoder(tok).pieces([world, again], context=[hello]) == [" world", " again"]
+
+
 def test_run_folder_samples_round_trip(episodes, tmp_path, capsys):
     _, trajs = episodes
     run = tmp_path / "run"
