@@ -77,8 +77,11 @@ def check_generation(fmt: Any, model: Any, env_name: str | None, max_new_tokens:
     texts = {"generated text": fmt.decode(gen.token_ids)}
     calls = [f"{c.name}({c.arguments if c.arguments is not None else c.raw_arguments})" for c in parsed.tool_calls]
     details = [
-        f"prompt: {where}, {len(prompt)} ids; generated {len(gen.token_ids)} ids, finish_reason={gen.finish_reason}",
-        f"parsed: content={short(parsed.content, 120)!r}, reasoning={short(parsed.reasoning or '', 80)!r}, calls={calls}",
+        f"prompt: {where} ({short(str(messages[-1].get('content')), 100)!r}), {len(prompt)} ids; "
+        f"generated {len(gen.token_ids)} ids, finish_reason={gen.finish_reason}",
+        f"parsed: content={short(parsed.content, 120)!r}, "
+        + (f"reasoning={short(parsed.reasoning, 80)!r}, " if parsed.reasoning is not None else "")
+        + f"calls={calls}",
         *(f"issue {i.kind}: {i.detail}" for i in parsed.issues),
     ]
     if gen.finish_reason == "stop" and not parsed.issues:
