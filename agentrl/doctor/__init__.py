@@ -11,6 +11,7 @@ stops and writes parseable calls. Non-zero exit on failure, so it can gate a run
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import sys
 from pathlib import Path
@@ -128,10 +129,15 @@ def _chat_format(tokenizer: Any, cfg: DoctorConfig, template: str | None) -> tup
     kwargs: dict[str, Any] = {}
     if "training_template" in inspect.signature(get_chat_format).parameters:
         kwargs["training_template"] = cfg.training_template
+    chat_log = logging.getLogger("agentrl.chat")
+    level = chat_log.level
+    chat_log.setLevel(logging.ERROR)  # its template-choice warning is the report's "template:" line
     try:
         fmt = get_chat_format(tokenizer, cfg.chat_format, template, **kwargs)
     except (ValueError, KeyError) as exc:
         return None, C.Check(name, C.FAIL, f"{exc}", [f"pass {options}"]), how
+    finally:
+        chat_log.setLevel(level)
     return fmt, C.Check(name, C.PASS, f"{fmt.name!r}, {how}"), how
 
 
