@@ -43,10 +43,17 @@ def build_generator(
         dtype = settings.dtype
         if dtype == "auto":  # what the trainer computes logprobs in on this device
             dtype = "bfloat16" if torch.cuda.is_available() else "float32"
+        path = resolve_model(model_path)
+        max_model_len = settings.max_model_len
+        if max_model_len is None and max_context is not None:  # no longer than the model allows
+            from transformers import AutoConfig
+
+            limit = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+            max_model_len = min(max_context, limit) if limit else max_context
         return VLLMGenerator.from_pretrained(
-            resolve_model(model_path),
+            path,
             dtype=dtype,
-            max_model_len=settings.max_model_len or max_context,
+            max_model_len=max_model_len,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             enable_sleep_mode=settings.enable_sleep_mode,
             enforce_eager=settings.enforce_eager,
