@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -61,3 +62,12 @@ def test_a_fork_with_another_system_prompt_keeps_its_own_template(tok: Any, tmp_
     assert fmt.name == "qwen3" and fmt.chat_template is None
     assert fmt.template_source.startswith("tokenizer (training template rejected:"), fmt.template_source
     assert "turns other than reasoning differ" in fmt.template_source
+
+
+def test_the_template_choice_is_logged(tok: Any, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="agentrl.chat.select"):
+        get_chat_format(tok)
+        get_chat_format(tok, training_template=False)
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert "qwen3_training.jinja" in warning.getMessage()
+    assert any(r.levelno == logging.INFO and r.getMessage().endswith("template: tokenizer") for r in caplog.records)

@@ -4,7 +4,7 @@ Template choice, in order: an explicit ``chat_template`` always wins; a format t
 own tools template uses it when the tokenizer's template writes no tool calls of its syntax; a
 format with a training template uses it only after checking it against the tokenizer's template
 (a fork that differs keeps its own template, and bridges fall back to counted splits). The choice
-is logged and kept in ``ChatFormat.template_source``.
+is logged (a warning whenever it is not the tokenizer's own) and kept in ``ChatFormat.template_source``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def get_chat_format(
         tokenizer, get_parser(spec.parser), chat_template=template, name=name, template_source=source,
         adapt_messages=spec.adapt_messages, end_tokens=spec.end_tokens,
     )  # fmt: skip
-    log.info("chat format %s, template: %s", name, source)
+    # Another template than the tokenizer's changes what the model sees: say so where it shows.
+    (log.info if source in ("tokenizer", "override") else log.warning)("chat format %s, template: %s", name, source)
     return fmt
 
 
@@ -61,6 +62,5 @@ def choose_template(tokenizer: Any, spec: FormatSpec, training_template: bool = 
         problem = spec.verify_training(tokenizer, own, training) if spec.verify_training else None
         if problem is None:
             return training, f"training template {spec.training_template} (verified against the tokenizer's)"
-        log.warning("chat format %s: training template not used: %s", spec.name, problem)
         return None, f"tokenizer (training template rejected: {problem})"
     return None, "tokenizer"

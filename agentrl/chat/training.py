@@ -108,19 +108,21 @@ def training_template_problems(
             except Exception as exc:
                 problems.append(f"{where}: a template failed to render: {exc!r}")
                 continue
+            o_turn, t_turn = o_full[len(o_prompt) :], t_full[len(t_prompt) :]
             if o_full[: len(o_prompt)] != o_prompt or t_full[: len(t_prompt)] != t_prompt:
                 problems.append(f"{where}: a generation prompt is not a prefix of its turn")
-            elif o_full[len(o_prompt) :] != t_full[len(t_prompt) :]:
-                problems.append(f"{where}: the trained turn differs: {_show(tokenizer, o_full[len(o_prompt):], t_full[len(t_prompt):])}")
+            elif o_turn != t_turn:
+                problems.append(f"{where}: the trained turn differs: {_show(tokenizer, o_turn, t_turn)}")
             elif _gen_tail(tokenizer, o_prompt) != _gen_tail(tokenizer, t_prompt):
-                problems.append(f"{where}: the generation prompt differs: {_show(tokenizer, o_prompt[-12:], t_prompt[-12:])}")
+                diff = _show(tokenizer, o_prompt[-12:], t_prompt[-12:])
+                problems.append(f"{where}: the generation prompt differs: {diff}")
             elif hidden(text(original, upto, tools, kwargs)) != hidden(text(training, upto, tools, kwargs)):
                 problems.append(f"{where}: turns other than reasoning differ")
-            # Prefix preservation of the training template from here to the end of the conversation.
+            # Prefix preservation of the training template up to the next assistant turn.
             if end + 1 < len(messages):
                 later = ids(training, messages[: _next_assistant(messages, end)], tools, True, kwargs)
                 if later[: len(t_full)] != t_full:
-                    j = next(i for i, (x, y) in enumerate(zip(t_full, later)) if x != y) if len(later) >= len(t_full) else len(later)
+                    j = next((i for i, (x, y) in enumerate(zip(t_full, later)) if x != y), len(later))
                     problems.append(f"{where}: the training template rewrites history at token {j}")
             if len(problems) >= limit:
                 return problems
@@ -155,5 +157,6 @@ def qwen3_hidden(text: str) -> str:
 
 def verify_qwen3_training(tokenizer: Any, original: str, training: str) -> str | None:
     """Quick check at ``get_chat_format`` time (a fork of Qwen3's template must not get ours)."""
-    problems = training_template_problems(tokenizer, original, training, random_conversations(8, seed=0), qwen3_hidden, limit=1)
+    conversations = random_conversations(8, seed=0)
+    problems = training_template_problems(tokenizer, original, training, conversations, qwen3_hidden, limit=1)
     return problems[0] if problems else None
