@@ -281,6 +281,13 @@ def test_update_weights_rejects_bad_input(gen):
         gen.update_weights([("model.embed_tokens.weight", "not a tensor")])
     with pytest.raises(ValueError, match="no weights"):
         gen.update_weights({})
+    with pytest.raises(ValueError, match="not in the engine's checkpoint"):
+        gen.update_weights({"model.no_such.weight": torch.zeros(2)})
+    emb = gen.engine.model_config.get_vocab_size()
+    with pytest.raises(ValueError, match="shape mismatch"):
+        gen.update_weights({"model.embed_tokens.weight": torch.zeros(emb, 3)})
+    # refused pushes leave the engine serving
+    assert run_all(gen, [(PROMPTS[0], SamplingParams(temperature=0, max_tokens=3))])[0].finish_reason == "length"
 
 
 # ------------------------------------------------------------------ training through vLLM

@@ -25,8 +25,11 @@ import torch
 from agentrl.generators.base import Generation, SamplingParams
 from agentrl.generators.transformers import GenerationError, GeneratorClosedError, _notifier
 from agentrl.generators.vllm_common import (
+    check_against_checkpoint,
+    checkpoint_shapes,
     cpu_env_defaults,
     engine_kwargs,
+    normalize_named_tensors,
     reload_in_process,
     require_vllm,
     to_generation,
@@ -75,6 +78,8 @@ class VLLMGenerator:
         self.vocab_size = int(model_config.get_vocab_size())
         self.max_model_len = int(model_config.max_model_len)
         self.max_context = min(max_context or self.max_model_len, self.max_model_len)
+        self._shapes = checkpoint_shapes(model_config.model)  # to refuse pushes that don't fit
+        self._tied = bool(getattr(model_config.hf_config, "tie_word_embeddings", False))
         self.stats: dict[str, Any] = {"requests": 0, "steps": 0, "tokens_generated": 0, "weight_updates": 0, "max_running": 0}
         self._ids = itertools.count()
         self._cond = threading.Condition()
@@ -196,10 +201,13 @@ class VLLMGenerator:
         output layer is re-packed and the prefix cache reset. In-flight requests continue under
         the new weights, recomputing their KV cache.
         """
+        named = normalize_named_tensors(named_tensors)
+        if self._shapes is not None:
+            named = check_against_checkpoint(named, self._shapes, self._tied)
         with self._engine_lock:
             if self._asleep:  # weights must be resident to be overwritten; the KV cache may stay asleep
                 self.engine.wake_up(tags=["weights"])
-            reload_in_process(self.engine, named_tensors)
+            reload_in_process(self.engine, named)
         self.stats["weight_updates"] += 1
 
     def sleep(self) -> None:
@@ -231,9 +239,12 @@ class VLLMGenerator:
                     break
                 inbox, self._inbox = self._inbox, _Inbox()
             with self._engine_lock:
-                self._admit(inbox)
-                if self._running:
-                    self._step()
+                try:
+                    self._admit(inbox)
+                    if self._running:
+                        self._step()
+                except Exception as exc:  # noqa: BLE001 - keep serving; fail what was in flight
+                    self._fail_running(exc, inbox.add)
         for req in leftovers:
             req.error = GeneratorClosedError("VLLMGenerator was closed before this request finished")
             req.resolve()
@@ -258,25 +269,29 @@ class VLLMGenerator:
             for rid in aborted:
                 self._running.pop(rid, None)  # its caller was cancelled and waits for nothing
 
+    def _fail_running(self, exc: Exception, extra: list[_Request] | None = None) -> None:
+        """Fail every request in flight (and ``extra`` not yet resolved) with ``exc`` as the cause."""
+        log.error("vLLM engine step failed; failing the %d request(s) in flight", len(self._running), exc_info=exc)
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # free the step's tensors
+        failed = list(self._running.values()) + [r for r in extra or [] if r.result is None and r.error is None and r.request_id not in self._running]
+        self._running.clear()
+        try:
+            self.engine.abort_request([r.request_id for r in failed])
+        except Exception:  # noqa: BLE001 - the engine may already be unusable
+            pass
+        for req in failed:
+            err = GenerationError(f"vLLM engine step failed with {len(failed)} request(s) in flight: {exc!r}")
+            err.__cause__ = exc
+            req.error = err
+            req.resolve()
+
     def _step(self) -> None:
         """One engine step; a failure fails the requests in flight, never the thread."""
         try:
             outputs = self.engine.step()
         except Exception as exc:  # noqa: BLE001 - handed to the callers
-            log.error("vLLM engine step failed; failing the %d request(s) in flight", len(self._running), exc_info=exc)
-            if exc.__traceback__ is not None:
-                traceback.clear_frames(exc.__traceback__)
-            failed = list(self._running.values())
-            self._running.clear()
-            try:
-                self.engine.abort_request([r.request_id for r in failed])
-            except Exception:  # noqa: BLE001 - the engine may already be unusable
-                pass
-            for req in failed:
-                err = GenerationError(f"vLLM engine step failed with {len(failed)} request(s) in flight: {exc!r}")
-                err.__cause__ = exc
-                req.error = err
-                req.resolve()
+            self._fail_running(exc)
             return
         self.stats["steps"] += 1
         for out in outputs:

@@ -30,6 +30,9 @@ Stable API (signatures the server mode relies on):
 - ``normalize_named_tensors(named) -> list[tuple[str, torch.Tensor]]``: accept a mapping or an
   iterable of pairs, strip a PEFT ``base_model.model.`` prefix and ``.base_layer.``, drop LoRA
   tensors; raise ``ValueError`` naming bad entries.
+- ``checkpoint_shapes(path) -> dict | None`` and ``check_against_checkpoint(named, shapes, tied)``:
+  refuse a push whose names or shapes the loaded checkpoint lacks (reloading a wrong shape
+  leaves the engine's layers half-restored).
 - ``save_for_reload(named, folder) -> Path``: write ``model.safetensors`` for vLLM's path-based
   ``reload_weights(weights_path=folder)`` (the cross-process route; tensors cannot be rpc args).
 - ``reload_in_process(llm_engine, named) -> None``: in-place reload into an in-process engine
@@ -60,6 +63,8 @@ from agentrl.generators.base import FinishReason, Generation, SamplingParams
 __all__ = [
     "VLLM_INSTALL_HINT",
     "VLLMNotInstalledError",
+    "check_against_checkpoint",
+    "checkpoint_shapes",
     "cpu_env_defaults",
     "engine_kwargs",
     "normalize_named_tensors",
@@ -233,6 +238,38 @@ def push_weights(policy: Any) -> Iterator[list[tuple[str, torch.Tensor]]]:
     finally:
         if merged:
             policy.unmerge_adapter()
+
+
+def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]] | None:
+    """Tensor names and shapes of a local safetensors checkpoint (headers only), or None if unknown."""
+    folder = Path(path)
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    return shapes
+
+
+def check_against_checkpoint(named: list[tuple[str, torch.Tensor]], shapes: dict[str, tuple[int, ...]], tied: bool) -> list[tuple[str, torch.Tensor]]:
+    """Refuse names or shapes the loaded checkpoint does not have (a bad push would corrupt the engine).
+
+    A tied model's ``lm_head.weight`` is dropped: the engine derives it from the embedding.
+    """
+    if tied:
+        named = [(n, t) for n, t in named if n != "lm_head.weight"]
+    unknown = [n for n, _ in named if n not in shapes]
+    if unknown:
+        raise ValueError(f"update_weights: {len(unknown)} name(s) not in the engine's checkpoint: {unknown[:5]}")
+    wrong = [f"{n}: {tuple(t.shape)} != {shapes[n]}" for n, t in named if tuple(t.shape) != shapes[n]]
+    if wrong:
+        raise ValueError(f"update_weights: shape mismatch: {wrong[:5]}")
+    return named
 
 
 def save_for_reload(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], folder: str | Path) -> Path:
