@@ -27,6 +27,11 @@ NO_EOT = GOOD.replace(
 STRIP_CALLS = GOOD.replace(
     "{%- elif message.role == 'assistant' %}", "{%- elif message.role == 'assistant' %}{%- set is_last = loop.last %}"
 ).replace("{%- for call in message.tool_calls or [] %}", "{%- for call in (message.tool_calls if is_last else []) or [] %}")
+SINGLE_CALLS = GOOD.replace(
+    "{%- elif message.role == 'assistant' %}",
+    "{%- elif message.role == 'assistant' %}{%- if (message.tool_calls or []) | length > 1 %}"
+    "{{- raise_exception('This model only supports single tool-calls at once!') }}{%- endif %}",
+)  # as Llama 3.1's template does
 # No tools section and no ChatML markers (so no format supplies a tools template for it).
 NO_TOOLS = (
     "{%- for message in messages %}{{- '### ' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
@@ -52,10 +57,11 @@ def by_name(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny real tokenizers saved to folders, one per template."""
-    for name, template in [("py_repr", PY_REPR), ("no_eot", NO_EOT), ("strip_calls", STRIP_CALLS)]:
+    for name, template in [("py_repr", PY_REPR), ("no_eot", NO_EOT), ("strip_calls", STRIP_CALLS), ("single", SINGLE_CALLS)]:
         assert template != GOOD, f"the {name} mutation did not apply to chatml_tools.jinja"
     out = {}
-    for name, template in [("good", GOOD), ("py_repr", PY_REPR), ("no_eot", NO_EOT), ("strip_calls", STRIP_CALLS), ("no_tools", NO_TOOLS)]:
+    for name, template in [("good", GOOD), ("py_repr", PY_REPR), ("no_eot", NO_EOT), ("strip_calls", STRIP_CALLS), ("single", SINGLE_CALLS),
+                           ("no_tools", NO_TOOLS)]:
         out[name] = tmp_path_factory.mktemp(name)
         build_tiny_tokenizer(out[name], template)
     return out
@@ -172,9 +178,43 @@ def test_parser_that_hides_problems_fails(
     assert by_name(report)["malformed output reported"]["status"] == "PASS"
 
 
+def test_parallel_calls_refused_or_split_are_warnings(capsys: pytest.CaptureFixture[str], folders: dict[str, Path]) -> None:
+    """A template that refuses two calls (Llama 3.1), or one that stops generation after each call
+    (GPT-OSS harmony's <|call|>), limits the environment, it does not corrupt training."""
+    code, report = doctor_json(capsys, f"model={folders['single']}")
+    check = by_name(report)["tool-call round trip"]
+    assert code == 0 and check["status"] == "WARN", check
+    assert "single tool-calls" in " ".join(check["details"]) and by_name(report)["prefix: assistant -> tool -> assistant"]["status"] == "PASS"
+    load_asset_tokenizer("gpt_oss")
+    code, report = doctor_json(capsys, f"model={assets_dir() / 'gpt_oss'}", "chat_format=gpt_oss")
+    check = by_name(report)["tool-call round trip"]
+    assert check["status"] == "WARN" and "generation ends after 1 of 2 calls" in " ".join(check["details"]), check
+
+
 def test_good_tiny_template_passes(capsys: pytest.CaptureFixture[str], folders: dict[str, Path]) -> None:
     code, report = doctor_json(capsys, f"model={folders['good']}")
     assert code == 0 and report["status"] == "PASS", json.dumps(report, indent=1)[:3000]
+
+
+# Every family with an offline tokenizer: (asset folder, extra args). Whatever each template's
+# verdicts are, the doctor must run every check on it and use the format asked for.
+FAMILY_RUNS = {
+    "qwen3": ("qwen3", []), "qwen3_xml": ("qwen3", ["chat_format=qwen3_xml"]), "chatml_tools": ("smollm2", []),
+    "llama3": ("llama3", []), "deepseek_v3": ("deepseek_v3", []), "gpt_oss": ("gpt_oss", ["chat_format=gpt_oss"]),
+}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FAMILY_RUNS))
+def test_every_family_runs_every_check(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    asset, extra = FAMILY_RUNS[name]
+    load_asset_tokenizer(asset)
+    code, report = doctor_json(capsys, f"model={assets_dir() / asset}", *extra)
+    checks = by_name(report)
+    assert report["chat_format"] == name and checks["chat format"]["status"] == "PASS"
+    assert len(checks) == 8 and all(c["status"] in ("PASS", "WARN", "FAIL", "SKIP") for c in checks.values())
+    assert checks["tool schemas in the prompt"]["status"] == "PASS"
+    assert code == (1 if report["status"] == "FAIL" else 0)
 
 
 # ------------------------------------------------------------------ bad input, hub ids
