@@ -290,6 +290,15 @@ def test_update_weights_rejects_bad_input(gen):
     assert run_all(gen, [(PROMPTS[0], SamplingParams(temperature=0, max_tokens=3))])[0].finish_reason == "length"
 
 
+@vllm_test
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+def test_sleep_mode_needs_cuda(tmp_path):
+    from agentrl.generators.vllm import VLLMGenerator
+
+    with pytest.raises(ValueError, match="enable_sleep_mode needs a CUDA GPU"):
+        VLLMGenerator.from_pretrained(resolve_model("default"), enable_sleep_mode=True)
+
+
 # ------------------------------------------------------------------ training through vLLM
 
 
