@@ -386,7 +386,7 @@ def test_in_chromium_tokens_render_filters_work_and_injection_is_inert(episodes,
     assert 'data-ready="1"' in dom and f"showing {n} of {n} episodes" in dom
     img = decode_png(shot.read_bytes())
     trained, env = share(img, TRAINED_RGB), share(img, ENV_RGB)
-    assert trained > 0.01 and env > 0.003, (trained, env)  # token highlights fill part of the screen
+    assert trained > 0.008 and env > 0.004, (trained, env)  # token highlights fill part of the screen (1.7%, 0.9% seen)
     assert share(img, (255, 255, 255)) < 0.9  # not a blank page
     # the injected markup is text: nothing ran, no element was created
     assert "pwned" not in dom.split("<body", 1)[1].split(">", 1)[0]
@@ -398,7 +398,7 @@ def test_in_chromium_tokens_render_filters_work_and_injection_is_inert(episodes,
     dom = chromium(page.as_uri() + "#only=error&open=all", tmp_path, shot)
     shown = [name for (name, _), e in zip(trajs, parse(dom).episodes) if "hidden" not in e["attrs"]]
     assert shown == ["failed"] and f"showing 1 of {n} episodes" in dom
-    assert share(decode_png(shot.read_bytes()), TRAINED_RGB) < trained / 20  # only the legend's swatch is left
+    assert share(decode_png(shot.read_bytes()), TRAINED_RGB) < trained / 8  # only the legend's swatch is left (1/21 seen)
 
 
 def test_training_run_records_trainer_logprobs_that_match_the_sampler(tmp_path, capsys):
