@@ -126,7 +126,7 @@ def test_missing_end_of_turn_fails_with_token_diff(capsys: pytest.CaptureFixture
     code, report = doctor_json(capsys, f"model={folders['no_eot']}")
     assert code == 1 and report["exit_code"] == 1
     eot = by_name(report)["end-of-turn token trained"]
-    assert eot["status"] == "FAIL" and "never trained to end its turn" in eot["details"][0]
+    assert eot["status"] == "FAIL" and "never trains the model to end its turn" in eot["details"][0]
     diff = eot["diffs"][0]
     row = next(r for r in diff["rows"] if r["i"] == diff["index"])
     assert row["expected"] == "<|im_end|>" and row["actual"] in ("\n", None), diff

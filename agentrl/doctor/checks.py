@@ -366,7 +366,8 @@ def check_end_of_turn(fmt: Any) -> Check:
                 n -= 1
             details.append(
                 f"{label}: the rendered turn has no stop token after the generation prompt (expected "
-                f"{show_ids(fmt.tokenizer, eot[:1])}): the model is never trained to end its turn"
+                f"{show_ids(fmt.tokenizer, eot[:1])}): a rendered turn never ends the way generation stops, so it never "
+                "trains the model to end its turn (SFT, re-rendered history), and no bridge after it can be proven"
             )
             diffs.append(token_diff(dec, [*rest[:n], eot[0]], rest, "expected generated part", "rendered generated part"))
             continue
