@@ -10,7 +10,6 @@ stops and writes parseable calls. Non-zero exit on failure, so it can gate a run
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import sys
@@ -111,29 +110,25 @@ def _model_checks(fmt: Any, cfg: DoctorConfig) -> list[C.Check]:
 # ----------------------------------------------------------------------------- chat format
 def _chat_format(tokenizer: Any, cfg: DoctorConfig, template: str | None) -> tuple[Any, C.Check, str]:
     """The ChatFormat to check, the check line saying which one, and how it was chosen."""
-    from agentrl import chat
+    from agentrl.chat import available_formats, detect_format, get_chat_format
 
-    detect_format, get_chat_format = chat.detect_format, chat.get_chat_format
-    listing = getattr(chat, "available_formats", None) or chat.available_parsers
     name = "chat format"
-    options = f"chat_format= one of {listing()}"
-    if cfg.chat_format is not None:
-        how = f"override chat_format={cfg.chat_format}"
+    options = f"chat_format= one of {available_formats()}"
+    chosen = cfg.chat_format
+    if chosen is not None:
+        how = f"override chat_format={chosen}"
     else:
         try:
-            detected = detect_format(tokenizer, template)
+            chosen = detect_format(tokenizer, template)
         except ValueError as exc:
             hint = "" if template else "; or chat_template=agentrl for agentrl's ChatML + tools template"
             return None, C.Check(name, C.FAIL, "not detected from the template's renders", [f"pass {options}{hint}", str(exc)]), "detection failed"
         how = "detected from render probes"
-    kwargs: dict[str, Any] = {}
-    if "training_template" in inspect.signature(get_chat_format).parameters:
-        kwargs["training_template"] = cfg.training_template
     chat_log = logging.getLogger("agentrl.chat")
     level = chat_log.level
     chat_log.setLevel(logging.ERROR)  # its template-choice warning is the report's "template:" line
     try:
-        fmt = get_chat_format(tokenizer, cfg.chat_format, template, **kwargs)
+        fmt = get_chat_format(tokenizer, chosen, template, training_template=cfg.training_template)
     except (ValueError, KeyError) as exc:
         return None, C.Check(name, C.FAIL, f"{exc}", [f"pass {options}"]), how
     finally:

@@ -8,7 +8,6 @@ counted), but a person should know.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,10 +51,8 @@ def decoder(tokenizer: Any):  # noqa: ANN201 - a small closure
 
 
 def parse(fmt: Any, ids: Sequence[int], tools: Sequence[Any] | None = None) -> Any:
-    """``fmt.parse`` with the tool schemas where the format accepts them (typed XML families need them)."""
-    if tools is not None and "tools" in inspect.signature(fmt.parse).parameters:
-        return fmt.parse(list(ids), tools=list(tools))
-    return fmt.parse(list(ids))
+    """``fmt.parse`` with the tool schemas the prompt showed (untyped XML families restore types from them)."""
+    return fmt.parse(list(ids), tools=list(tools) if tools else None)
 
 
 @dataclass
@@ -106,11 +103,11 @@ def renders_reasoning(fmt: Any) -> bool:
 def reads_reasoning(fmt: Any) -> bool:
     """Whether the format parses reasoning back: its FormatSpec's ``thinking`` flag where it has one,
     else whether its parser returns any reasoning at all for a rendered reasoning turn."""
-    try:
-        from agentrl.chat import format_spec  # type: ignore[attr-defined]
+    from agentrl.chat import format_spec
 
+    try:
         return bool(format_spec(fmt.name).thinking)
-    except (ImportError, ValueError, AttributeError):
+    except ValueError:  # a ChatFormat built by hand under a name no registry knows
         pass
     try:
         turn = render_turn(fmt, M.history(), M.assistant("ok", reasoning="Think first."), None)
