@@ -37,7 +37,11 @@ def _head_chunk(
         logits = logits / temperature
     logp = F.log_softmax(logits, dim=-1)
     token = logp.gather(-1, targets[:, None]).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1) if want_entropy else token.new_empty(0)
+    if want_entropy:  # a diagnostic: no gradient, so backward keeps nothing extra alive for it
+        with torch.no_grad():
+            entropy = -(logp.exp() * logp).sum(-1)
+    else:
+        entropy = token.new_empty(0)
     return token, entropy
 
 
@@ -61,7 +65,7 @@ def token_logprobs(
     ``torch.no_grad()`` (old/reference log-probs) and with gradients (training), and with PEFT
     models (decoder via ``get_decoder()``, head via ``get_output_embeddings()``). ``position_ids``
     default to ``positions_from_mask(attention_mask)`` so left padding does not shift positions;
-    pass them for packed sequences. With ``return_entropy`` also returns [B, K] entropies of the
+    pass them for packed sequences. With ``return_entropy`` also returns [B, K] entropies (no gradient) of the
     tempered distribution. ``model_kwargs`` go to the decoder.
     """
     if temperature <= 0:

@@ -86,7 +86,11 @@ class Trainer:
         lora = cfg.peft.model_dump() if cfg.peft else None
         policy, kind = load_policy(path, torch.float32, device, lora)
         if cfg.gradient_checkpointing:
-            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # Saving/restoring the CUDA RNG state around every layer syncs the device each time
+            # (H200, 0.5B model, 64 x ~300 tokens: train phase 2.0 s with it, 0.79 s without);
+            # it only matters when the recomputed forward draws dropout masks.
+            kwargs = {"use_reentrant": False, "preserve_rng_state": _uses_dropout(policy)}
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
             if hasattr(policy, "enable_input_require_grads"):
                 policy.enable_input_require_grads()
         self.reference = Reference(policy, kind, cfg.loss.beta, adapter_path=path if kind == "adapter" else None)
@@ -153,9 +157,13 @@ class Trainer:
                 t_start = time.perf_counter()
                 tasks = self._next_tasks(cfg.prompts_per_step * cfg.steps_per_generation)
                 groups, rollout_s = self._rollout(tasks, seed=cfg.seed * 1_000_003 + self.step * 7919)
+                rollout_peak = _peak_memory_gib()
                 batch, reward_metrics = self._make_batch(groups)
                 for metrics in self._optimize(batch):
                     self.step += 1
+                    if rollout_peak is not None:
+                        metrics["perf/peak_gib_rollout"] = rollout_peak
+                        metrics["perf/peak_gib_train"] = _peak_memory_gib()
                     metrics.update(reward_metrics)
                     metrics.update({f"rollout/{k}": v for k, v in rollout_metrics(groups, rollout_s).items()})
                     step_s = time.perf_counter() - t_start
@@ -188,6 +196,8 @@ class Trainer:
         groups = anyio.run(lambda: engine.run(self.env, tasks, n=n, seed=seed))
         if self.cfg.generator.enable_sleep_mode:  # free vLLM's GPU memory for the training step
             self.generator.sleep()
+        if torch.cuda.is_available() and hasattr(self.generator, "release_memory"):
+            self.generator.release_memory()  # the static KV cache is not needed while training
         return groups, time.perf_counter() - start
 
     def evaluate(self, n: int) -> dict[str, float]:
@@ -441,6 +451,24 @@ def _generation_base(path: str, kind: str) -> str:
     from agentrl.models import resolve_model
 
     return resolve_model(json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"])
+
+
+def _uses_dropout(model: torch.nn.Module) -> bool:
+    """Whether any dropout is active in training (a module with p > 0, or a config dropout > 0)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    values = vars(config).items() if config is not None else ()
+    return any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in values)
+
+
+def _peak_memory_gib() -> float | None:
+    """Peak CUDA memory allocated since the last call (then reset), so each phase reports its own."""
+    if not torch.cuda.is_available():
+        return None
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return peak
 
 
 def _check_trackers(names: list[str]) -> None:

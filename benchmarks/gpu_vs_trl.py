@@ -33,6 +33,7 @@ import torch
 HERE = Path(__file__).resolve()
 MICRO = 16
 LR = 1e-6
+CHUNK = int(os.environ.get("AGENTRL_BENCH_CHUNK", "256"))  # token positions per log-softmax chunk
 
 
 def digits(completion: str = "", completions: Any = None, **_: Any) -> Any:
@@ -110,12 +111,13 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         f"model.path={model}", f"env={HERE}:make_env", f"env_args={{\"n\": {P * steps}}}", f"max_steps={steps}",
         f"prompts_per_step={P}", f"num_generations={G}", f"micro_batch_size={MICRO}", f"learning_rate={LR}",
         "adam_betas=[0.9,0.99]", "weight_decay=0", "max_grad_norm=1.0", "loss.loss_type=dapo", "loss.beta=0",
-        "sampling.temperature=1.0", f"sampling.min_tokens={N}", f"rollout.max_tokens_per_turn={N}",
+        "sampling.temperature=1.0", f"logprob_chunk_size={CHUNK}", f"sampling.min_tokens={N}", f"rollout.max_tokens_per_turn={N}",
         f"rollout.max_completion_tokens={N}", f"rollout.max_context={N + 128}", "rollout.max_turns=1",
         f"output_dir={out}", "samples_per_log=0", "save_final=false", "eval_every=0",
         f"precision={'fp32' if cpu else 'bf16'}", f"gradient_checkpointing={'false' if cpu else 'true'}",
         f'extra_rewards=[{{"fn": "{HERE}:digits"}}]',
     ]
+    args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # experiments: extra key=value overrides
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
@@ -128,9 +130,12 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     gen = statistics.median(r["rollout/elapsed_s"] for r in later)
     sampled = statistics.median(r["rollout/tokens/sampled"] for r in later)
     stats = getattr(trainer.generator, "static", None)
+    phases = {k: max(r[k] for r in rows) for k in ("perf/peak_gib_rollout", "perf/peak_gib_train") if k in rows[0]}
     return {
+        **phases,
         "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled, "peak_gib": _peak(),
         "total_s": total, "steps": len(rows), "static_decode": None if stats is None else stats.stats,
+        "peak_gib": max([_peak(), *phases.values()]),
     }
 
 

@@ -126,3 +126,14 @@ def test_errors(batch):
         token_logprobs(model, ids, mask, logits_to_keep=11)
     with pytest.raises(ValueError, match="chunk_size"):
         token_logprobs(model, ids, mask, chunk_size=0)
+
+
+def test_entropy_is_a_diagnostic_without_gradient(batch):
+    """A graph through the entropies kept every chunk's recomputed logits alive during backward
+    (measured on an H200: 4.6 GiB at 64 x 256 tokens, vocab 152k); they carry no gradient now."""
+    ids, mask = batch
+    model = tiny_model()
+    lp, ent = token_logprobs(model, ids, mask, chunk_size=4, return_entropy=True)
+    assert lp.requires_grad and not ent.requires_grad
+    lp.sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

@@ -119,8 +119,9 @@ class StaticDecoder:
         return StaticCache is not None
 
     def invalidate(self) -> None:
-        """Drop caches and graphs (they hold no weights, so weight updates do NOT need this)."""
+        """Drop caches and graphs, freeing their memory (weight updates do NOT need this)."""
         self._slots.clear()
+        self._pool = None
 
     def _slot(self, batch: int, length: int) -> _Slot:
         from transformers import StaticCache
@@ -146,7 +147,7 @@ class StaticDecoder:
         n = len(prompts)
         width = max(len(p) for p in prompts)
         batch = _bucket(n, 1)
-        length = _bucket(width + max_new_tokens, 256)
+        length = -(-(width + max_new_tokens) // 256) * 256  # multiples of 256: attention reads all of it
         slot = self._slot(batch, length)
         return StaticBatch(self, slot, prompts, width)
 

@@ -314,6 +314,12 @@ class TransformersGenerator:
         if thread is not None:
             await anyio.to_thread.run_sync(thread.join)
 
+    def release_memory(self) -> None:
+        """Free the static KV caches and CUDA graphs between rollouts (recaptured on next use)."""
+        if self.static is not None:
+            with self._weights_lock:
+                self.static.invalidate()
+
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights into the model between batches (blocks while a batch runs).
 
