@@ -100,7 +100,7 @@ def require_backend(settings: GeneratorSettings) -> None:
 
 class ModelSettings(Strict):
     path: str = Field("default", description="'default' (bundled), a local folder or a hub id")
-    chat_format: str | None = Field(None, description="override detection: hermes, qwen3")
+    chat_format: str | None = Field(None, description="override detection: a name from agentrl.chat.available_formats() (hermes, qwen3, qwen3_xml, llama3, mistral, chatml_tools, deepseek_v3, gpt_oss)")
     device: str | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
 
