@@ -338,6 +338,7 @@ def check_end_of_turn(fmt: Any) -> Check:
     dec = decoder(fmt.tokenizer)
     details: list[str] = []
     diffs: list[TokenDiff] = []
+    problems: list[str] = []  # one short phrase per problem, for the summary line
     status = PASS
     cases = [
         ("plain answer", M.assistant("The answer is 42.")),
@@ -352,18 +353,20 @@ def check_end_of_turn(fmt: Any) -> Check:
         if turn.generated is None:
             why, diff = prompt_not_prefix(fmt, turn, label)
             status = FAIL
+            problems.append(f"{label}: generation prompt not a prefix")
             details.append(why)
             diffs += [diff] if diff else []
             continue
         if not turn.stopped:
             status = FAIL
+            problems.append(f"{label}: no stop token in the generated part")
             rest = turn.generated
             n = len(rest)
             while n > 0 and not dec(rest[n - 1]).strip():
                 n -= 1
             details.append(
-                f"{label}: the rendered turn has no stop token after the generation prompt (expected "
-                f"{show_ids(fmt.tokenizer, eot[:1])}): a rendered turn never ends the way generation stops, so it never "
+                f"{label}: the rendered turn has no stop token after the generation prompt (expected one of "
+                f"{show_ids(fmt.tokenizer, eot)}): a rendered turn never ends the way generation stops, so it never "
                 "trains the model to end its turn (SFT, re-rendered history), and no bridge after it can be proven"
             )
             diffs.append(token_diff(dec, [*rest[:n], eot[0]], rest, "expected generated part", "rendered generated part"))
@@ -372,6 +375,7 @@ def check_end_of_turn(fmt: Any) -> Check:
         closers.add(closer)
         if closer not in eot:
             status = worst([status, WARN])
+            problems.append(f"{label}: ends on a document-end token")
             details.append(
                 f"{label}: the turn ends with {show_ids(fmt.tokenizer, [closer])}, a document end rather than "
                 f"the end-of-turn token {show_ids(fmt.tokenizer, eot[:1])}; bridges after it cannot be proven"
@@ -381,8 +385,7 @@ def check_end_of_turn(fmt: Any) -> Check:
             name, PASS, f"{show_ids(fmt.tokenizer, sorted(closers))} closes both a plain and a tool-call turn inside the "
             f"generated part (trained, loss mask 1); generation stops on {show_ids(fmt.tokenizer, fmt.stop_token_ids)}",
         )  # fmt: skip
-    summary = details[0] if len(details) == 1 else f"{len(details)} problems (see details)"
-    return Check(name, status, summary, details, [d for d in diffs if d is not None])
+    return Check(name, status, "; ".join(problems), details, [d for d in diffs if d is not None])
 
 
 # ----------------------------------------------------------------------------- prefix preservation
