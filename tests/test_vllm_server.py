@@ -8,6 +8,8 @@ starts a second one. The unmarked tests need no server and run in the default su
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -147,6 +149,8 @@ def test_stop_tokens_and_seeds(server, hf):
     cut = generate(client, prompt, SamplingParams(temperature=1.0, max_tokens=24, seed=11, stop_token_ids=[stop]))
     k = first.token_ids.index(stop)
     assert cut.finish_reason == "stop" and cut.token_ids == first.token_ids[: k + 1]  # the stop token is included
+    late = generate(client, prompt, SamplingParams(temperature=1.0, max_tokens=24, seed=11, stop_token_ids=[stop], min_tokens=k + 2))
+    assert len(late.token_ids) >= k + 2  # min_tokens reached the engine: the early stop token was masked
 
 
 @pytest.mark.vllm
@@ -156,6 +160,18 @@ def test_bad_requests_get_one_clear_error(server):
         generate(client, [10**7], SamplingParams())
     with pytest.raises(ValueError, match="max_model_len=1024 leaves no room"):
         generate(client, [1] * 1024, SamplingParams())
+    conn = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]), timeout=30)
+    conn.request("POST", "/generate", body=json.dumps({"prompt_ids": [1, 2], "sampling": {"temprature": 0.5}}),
+                 headers={"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    assert answer.status == 400 and "temprature" in answer.read().decode()
+    conn.request("POST", "/update_weights?transport=nccl", body=b"")
+    answer = conn.getresponse()
+    assert answer.status == 400 and "['safetensors']" in answer.read().decode()
+    conn.request("POST", "/update_weights", body=b"garbage")
+    answer = conn.getresponse()
+    assert answer.status == 400 and "not a safetensors file" in answer.read().decode()
+    conn.close()
     with pytest.raises(ValueError, match="missing .*full model"):
         client.update_weights({"model.norm.weight": torch.ones(256)})
     with pytest.raises(ValueError, match="unknown name"):
@@ -169,15 +185,37 @@ def test_weight_push_changes_outputs_and_agrees(server, hf):
     client = VLLMServerGenerator(server.url)
     prompt = tok(PROMPT_TEXT)["input_ids"]
     greedy = SamplingParams(temperature=0.0, max_tokens=24)
-    before = generate(client, prompt, greedy)
-    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    long_greedy = SamplingParams(temperature=0.0, max_tokens=900)
+    before, reference = generate(client, prompt, greedy), generate(client, prompt, long_greedy)
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}  # tied: embed_tokens only
     torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    perturbed = {n: t + 0.02 * torch.randn_like(t) for n, t in original.items()}
+    times: dict[str, float] = {}
+
+    async def push_during_a_long_request() -> Generation:
+        out: dict[str, Generation] = {}
+
+        async def long_request() -> None:
+            out["gen"] = await client.generate(prompt, long_greedy)
+            times["generated"] = time.monotonic()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_request)
+            await anyio.sleep(0.3)
+            times["push"] = time.monotonic()
+            await anyio.to_thread.run_sync(client.update_weights, perturbed)
+            times["pushed"] = time.monotonic()
+        return out["gen"]
+
     try:
-        client.update_weights(dict(model.named_parameters()))  # tied: embed_tokens only, once
+        # The push waits for the running request, which is sampled by the old weights only.
+        during = anyio.run(push_during_a_long_request)
+        assert times["push"] < times["generated"] <= times["pushed"], times
+        assert during.token_ids == reference.token_ids
         assert client.health()["weights_version"] == 1
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(perturbed[n])
         after = generate(client, prompt, greedy)
         assert after.token_ids != before.token_ids
         assert max_gap(model, prompt, after, 0.0) < TOL
@@ -187,7 +225,7 @@ def test_weight_push_changes_outputs_and_agrees(server, hf):
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(original[n])
-        client.update_weights(dict(model.named_parameters()))
+        client.update_weights(original)
     assert generate(client, prompt, greedy).token_ids == before.token_ids
 
 

@@ -102,7 +102,7 @@ class VLLMServerGenerator:
         self._weights_instance: str | None = None  # the server instance holding our pushed weights
         self._closed = False
         self.server_info: dict[str, Any] = {}
-        self.stats: dict[str, Any] = {"requests": 0, "retries": 0, "weight_updates": 0, "instances_seen": set()}
+        self.stats: dict[str, Any] = {"requests": 0, "retries": 0, "weight_updates": 0, "instances_seen": []}
 
     # ----------------------------------------------------------------- Generator protocol
 
@@ -121,7 +121,7 @@ class VLLMServerGenerator:
         return Generation(token_ids=list(data["token_ids"]), logprobs=list(data["logprobs"]), finish_reason=data["finish_reason"])
 
     def update_weights(self, named_tensors: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> None:
-        """Send the full model's weights (HF parameter names) as safetensors; blocks until applied.
+        """Send the full model's weights (checkpoint names) as safetensors; blocks until applied.
 
         Tensors are cast to the server's dtype first (half the bytes for a bf16 server). Tied
         weights may be passed once or under both names. The server applies them between engine
@@ -129,9 +129,9 @@ class VLLMServerGenerator:
         """
         from safetensors.torch import save
 
-        items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
-        if not items:
-            raise ValueError("update_weights: no tensors given")
+        from agentrl.generators.vllm_common import normalize_named_tensors
+
+        items = normalize_named_tensors(named_tensors)  # PEFT names unwrapped, LoRA factors dropped
         dtype = self._server_dtype()
         tensors: dict[str, Any] = {}
         seen: dict[tuple[int, tuple[int, ...]], str] = {}
@@ -141,7 +141,7 @@ class VLLMServerGenerator:
             if key in seen:  # a tied weight under its second name: the server re-ties it
                 continue
             seen[key] = name
-            tensors[name] = t.to(device="cpu", dtype=dtype or t.dtype).contiguous().clone()
+            tensors[name] = t.to(device="cpu", dtype=dtype or t.dtype).contiguous()  # a copy only where needed
         payload = save(tensors)
         resp = self._request("POST", "/update_weights?transport=safetensors", payload, content_type="application/octet-stream", expect=False)
         data = resp.json()
@@ -184,7 +184,7 @@ class VLLMServerGenerator:
     def _server_dtype(self) -> Any:
         import torch
 
-        name = (self.server_info or self.health()).get("dtype")
+        name = self.health().get("dtype")  # asked each push: a restarted server may serve another dtype
         return getattr(torch, name, None) if isinstance(name, str) else None
 
     def _request_json(self, method: str, path: str, body: bytes | None) -> _Response:
@@ -239,8 +239,8 @@ class VLLMServerGenerator:
                 raise VLLMServerError(f"bad HTTP answer from {self.url} to {method} {path}: {type(exc).__name__}: {exc}") from exc
             self._pool.put(conn)
             self.stats["requests"] += 1
-            if resp.instance:
-                self.stats["instances_seen"].add(resp.instance)
+            if resp.instance and resp.instance not in self.stats["instances_seen"]:
+                self.stats["instances_seen"].append(resp.instance)
             return self._check(resp, method, path)
 
     def _check(self, resp: _Response, method: str, path: str) -> _Response:

@@ -53,17 +53,19 @@ EXPECT_HEADER = "X-Agentrl-Expect-Instance"
 TRANSPORTS = ("safetensors",)
 
 USAGE = """usage: agentrl vllm-serve model=<folder|default> [host=127.0.0.1] [port=8000] [dtype=auto]
-       [max_model_len=N] [max_num_seqs=256] [gpu_memory_utilization=0.9] [seed=0] [log_level=warning]"""
+       [max_model_len=N] [max_num_seqs=256] [gpu_memory_utilization=0.9] [enforce_eager=auto]
+       [seed=0] [log_level=warning]"""
 
 
 class ServeConfig(Strict):
     model: str = Field("default", description="'default' (bundled), or a local model folder")
     host: str = Field("127.0.0.1", description="0.0.0.0 to accept trainers on other machines")
     port: int = Field(8000, ge=1, le=65535)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: float32 on CPU, bfloat16 on CUDA")
     max_model_len: int | None = Field(None, ge=16)
     max_num_seqs: int = Field(256, ge=1, description="sequences the engine batches at once")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only")
+    enforce_eager: bool | None = Field(None, description="None: eager on CPU (compiling costs ~30 s, gains little), CUDA graphs on GPU")
     seed: int = 0
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
 
@@ -134,6 +136,38 @@ def _checkpoint_shapes(folder: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _safetensors_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
+    """Names and shapes from a safetensors file's header, checking that the data it declares is there.
+
+    Reads only the JSON header (no tensor copies: a push can be gigabytes); ValueError if malformed.
+    """
+    import json
+    import struct
+
+    if len(data) < 8:
+        raise ValueError(f"{len(data)} bytes")
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > len(data) - 8:
+        raise ValueError(f"header of {size} bytes in a body of {len(data)}")
+    try:
+        header = json.loads(data[8 : 8 + size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"unreadable header ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    header.pop("__metadata__", None)
+    shapes, end = {}, 0
+    for name, entry in header.items():
+        try:
+            shapes[name] = tuple(int(d) for d in entry["shape"])
+            end = max(end, int(entry["data_offsets"][1]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise ValueError(f"bad header entry for {name!r}") from None
+    if 8 + size + end != len(data):
+        raise ValueError(f"header declares {end} data bytes, body holds {len(data) - 8 - size}")
+    return shapes
+
+
 def _check_push(names_shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], tied: bool) -> str | None:
     """One message naming what is wrong with a pushed weight set, or None."""
     if not expected:
@@ -168,30 +202,25 @@ def create_app(cfg: ServeConfig) -> Any:
     gate = _Gate()
     scratch = Path(tempfile.mkdtemp(prefix="agentrl-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
 
-    class SamplingBody(BaseModel):
-        temperature: float = 1.0
-        top_p: float = 1.0
-        top_k: int = 0
-        min_p: float = 0.0
-        max_tokens: int = 256
-        stop_token_ids: list[int] = []
-        seed: int | None = None
-
     class GenerateBody(BaseModel):
         prompt_ids: list[int]
-        sampling: SamplingBody = SamplingBody()
+        sampling: dict[str, Any] = {}  # SamplingParams fields: the server follows the protocol's dataclass
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
+        import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        cuda = torch.cuda.is_available()
+        dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if cuda else "float32")  # what a trainer computes in
         args = AsyncEngineArgs(
             model=model_path,
             worker_extension_cls=f"{__name__}.WeightReloadExtension",
             **engine_kwargs(
-                dtype=cfg.dtype, max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
+                dtype=dtype, max_model_len=cfg.max_model_len, gpu_memory_utilization=cfg.gpu_memory_utilization,
                 seed=cfg.seed, max_num_seqs=cfg.max_num_seqs,
+                enforce_eager=(not cuda) if cfg.enforce_eager is None else cfg.enforce_eager,
             ),
         )
         engine = AsyncLLM.from_engine_args(args)
@@ -242,9 +271,9 @@ def create_app(cfg: ServeConfig) -> Any:
     @app.post("/generate")
     async def generate(body: GenerateBody, request: Request) -> dict[str, Any]:
         try:
-            sampling = SamplingParams(**body.sampling.model_dump())
-        except ValueError as exc:
-            raise HTTPException(400, str(exc)) from None
+            sampling = SamplingParams(**body.sampling)
+        except (TypeError, ValueError) as exc:
+            raise HTTPException(400, f"bad sampling settings: {exc}") from None
         prompt = body.prompt_ids
         if not prompt:
             raise HTTPException(400, "prompt_ids is empty")
@@ -276,11 +305,9 @@ def create_app(cfg: ServeConfig) -> Any:
             )
         body = await request.body()
         try:
-            from safetensors.torch import load
-
-            shapes = {n: tuple(t.shape) for n, t in load(body).items()}
-        except Exception as exc:  # noqa: BLE001 - any parse failure is the client's input
-            raise HTTPException(400, f"body is not a safetensors file: {type(exc).__name__}: {exc}") from None
+            shapes = _safetensors_shapes(body)
+        except ValueError as exc:
+            raise HTTPException(400, f"body is not a safetensors file: {exc}") from None
         problem = _check_push(shapes, state["expected"], state["tied"])
         if problem:
             raise HTTPException(400, f"weights do not match the served model {model_path}: {problem}")
