@@ -297,7 +297,7 @@ def versions() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
-    parser.add_argument("--episodes", type=int, default=64, help="episodes per timed rollout, all in flight")
+    parser.add_argument("--episodes", type=int, default=32, help="episodes per timed rollout, all in flight")
     parser.add_argument("--repeats", type=int, default=1, help="timed rollouts per backend start")
     parser.add_argument("--rounds", type=int, default=2, help="backend starts; odd rounds run in reverse order")
     parser.add_argument("--temperature", type=float, default=0.7)
@@ -306,7 +306,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="cores for every backend: torch threads (transformers), OpenMP threads bound to cores 0..N-1 (vLLM)")
     parser.add_argument("--max-tokens-per-turn", type=int, default=128)
-    parser.add_argument("--max-completion-tokens", type=int, default=512)
+    parser.add_argument("--max-completion-tokens", type=int, default=256)
     parser.add_argument("--max-context", type=int, default=2048)
     parser.add_argument("--kv-cache-gib", type=int, default=3, help="VLLM_CPU_KVCACHE_SPACE for the vLLM backends")
     parser.add_argument("--results", type=Path, default=RESULTS)
