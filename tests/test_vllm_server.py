@@ -230,6 +230,47 @@ def test_weight_push_changes_outputs_and_agrees(server, hf):
 
 
 @pytest.mark.vllm
+def test_a_cancelled_request_is_aborted_on_the_server(server, hf):
+    _model, tok = hf
+    client = VLLMServerGenerator(server.url)
+    prompt = tok(PROMPT_TEXT)["input_ids"]
+    long_greedy = SamplingParams(temperature=0.0, max_tokens=1000)
+    start = time.monotonic()
+    generate(client, prompt, long_greedy)
+    full = time.monotonic() - start
+
+    async def cancel_soon() -> None:
+        with anyio.move_on_after(0.2):
+            await client.generate(prompt, long_greedy)
+
+    start = time.monotonic()
+    anyio.run(cancel_soon)
+    while client.health()["running"] and time.monotonic() - start < 2 * full + 5:
+        time.sleep(0.05)
+    aborted_after = time.monotonic() - start
+    assert client.health()["running"] == 0
+    assert aborted_after < 0.2 + 0.6 < full, (aborted_after, full)  # the server stopped it, not finished it
+
+
+@pytest.mark.vllm
+def test_idle_connections_are_not_reused_after_the_server_dropped_them(server, hf):
+    model, tok = hf
+    client = VLLMServerGenerator(server.url)
+    prompt = tok(PROMPT_TEXT)["input_ids"]
+
+    async def burst() -> None:  # leaves 8 keep-alive connections in the pool
+        async with anyio.create_task_group() as tg:
+            for seed in range(8):
+                tg.start_soon(client.generate, prompt, SamplingParams(max_tokens=4, seed=seed))
+
+    anyio.run(burst)
+    time.sleep(6)  # uvicorn closes keep-alive connections idle for 5 s
+    start = time.monotonic()
+    client.update_weights(dict(model.named_parameters()))
+    assert client.stats["retries"] == 0 and time.monotonic() - start < 10
+
+
+@pytest.mark.vllm
 def test_rollout_on_calculator_against_the_server(server, hf):
     from agentrl import make
     from agentrl.chat import get_chat_format

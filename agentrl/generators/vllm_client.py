@@ -20,10 +20,12 @@ runs in the trainer's environment whatever HTTP packages it has. What it guarant
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import logging
 import queue
+import socket
 import threading
 import time
 import urllib.parse
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 INSTANCE_HEADER = "X-Agentrl-Instance"  # the server's per-start id, on every response
 EXPECT_HEADER = "X-Agentrl-Expect-Instance"  # the instance this client's weights live on
+IDLE_S = 4.0  # reuse a keep-alive connection only if used this recently (uvicorn closes idle ones after 5 s)
 
 
 class VLLMServerError(RuntimeError):
@@ -65,6 +68,32 @@ class _Response:
         except ValueError:
             return self.body[:500].decode("utf-8", "replace")
         return str(data.get("detail", data)) if isinstance(data, dict) else str(data)
+
+
+class _Call:
+    """The connection one request is using, so the event loop can cut it when the caller cancels."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+        self.cancelled = False
+
+    def attach(self, conn: http.client.HTTPConnection) -> bool:
+        with self._lock:
+            self._conn = conn
+            return not self.cancelled
+
+    def detach(self) -> None:
+        with self._lock:
+            self._conn = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            sock = self._conn.sock if self._conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 class VLLMServerGenerator:
@@ -97,7 +126,7 @@ class VLLMServerGenerator:
         self.request_timeout_s = request_timeout_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
         self._limiter = anyio.CapacityLimiter(max_connections)
-        self._pool: queue.SimpleQueue[http.client.HTTPConnection] = queue.SimpleQueue()
+        self._pool: queue.SimpleQueue[tuple[http.client.HTTPConnection, float]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._weights_instance: str | None = None  # the server instance holding our pushed weights
         self._closed = False
@@ -114,9 +143,14 @@ class VLLMServerGenerator:
         if not prompt:
             raise ValueError("prompt_ids is empty")
         body = json.dumps({"prompt_ids": prompt, "sampling": asdict(sampling)}).encode()
-        resp = await anyio.to_thread.run_sync(
-            self._request_json, "POST", "/generate", body, limiter=self._limiter, abandon_on_cancel=True
-        )
+        call = _Call()
+        try:
+            resp = await anyio.to_thread.run_sync(
+                lambda: self._request("POST", "/generate", body, call=call), limiter=self._limiter, abandon_on_cancel=True
+            )
+        except anyio.get_cancelled_exc_class():
+            call.cancel()  # closing the socket makes the server abort the request instead of finishing it
+            raise
         data = resp.json()
         return Generation(token_ids=list(data["token_ids"]), logprobs=list(data["logprobs"]), finish_reason=data["finish_reason"])
 
@@ -153,11 +187,7 @@ class VLLMServerGenerator:
     async def close(self) -> None:
         """Close pooled connections; the server keeps running (it belongs to whoever started it)."""
         self._closed = True
-        while True:
-            try:
-                self._pool.get_nowait().close()
-            except queue.Empty:
-                break
+        self._drop_pool()
 
     # ----------------------------------------------------------------- other endpoints
 
@@ -187,11 +217,15 @@ class VLLMServerGenerator:
         name = self.health().get("dtype")  # asked each push: a restarted server may serve another dtype
         return getattr(torch, name, None) if isinstance(name, str) else None
 
-    def _request_json(self, method: str, path: str, body: bytes | None) -> _Response:
-        return self._request(method, path, body, content_type="application/json")
-
     def _request(
-        self, method: str, path: str, body: bytes | None = None, *, content_type: str = "application/json", expect: bool = True
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        content_type: str = "application/json",
+        expect: bool = True,
+        call: _Call | None = None,
     ) -> _Response:
         """Send one request, retrying connection failures with backoff until ``timeout_s``."""
         deadline = time.monotonic() + self.timeout_s
@@ -203,6 +237,8 @@ class VLLMServerGenerator:
                 if expect and self._weights_instance is not None:
                     headers[EXPECT_HEADER] = self._weights_instance
             conn = self._connection()
+            if call is not None and not call.attach(conn):
+                raise VLLMServerError(f"request to {self.url} was cancelled")
             sent = False
             try:
                 if conn.sock is None:  # connect with a short timeout, then wait up to request_timeout_s per answer
@@ -216,6 +252,9 @@ class VLLMServerGenerator:
                 resp = _Response(raw.status, raw.read(), raw.getheader(INSTANCE_HEADER))
             except OSError as exc:  # includes ConnectionError, TimeoutError, http.client's RemoteDisconnected
                 conn.close()
+                self._drop_pool()  # one failed socket: the others were likely cut by the same event
+                if call is not None and call.cancelled:
+                    raise VLLMServerError(f"request to {self.url} was cancelled") from exc
                 if isinstance(exc, TimeoutError) and sent:
                     raise VLLMServerError(
                         f"vLLM server at {self.url} did not answer {method} {path} within {self.request_timeout_s:g} s "
@@ -237,7 +276,9 @@ class VLLMServerGenerator:
             except http.client.HTTPException as exc:  # garbled answer: not a server we can talk to
                 conn.close()
                 raise VLLMServerError(f"bad HTTP answer from {self.url} to {method} {path}: {type(exc).__name__}: {exc}") from exc
-            self._pool.put(conn)
+            if call is not None:
+                call.detach()
+            self._pool.put((conn, time.monotonic()))
             self.stats["requests"] += 1
             if resp.instance and resp.instance not in self.stats["instances_seen"]:
                 self.stats["instances_seen"].append(resp.instance)
@@ -257,7 +298,19 @@ class VLLMServerGenerator:
         raise VLLMServerError(f"vLLM server at {self.url} failed {method} {path} (HTTP {resp.status}): {resp.detail()}")
 
     def _connection(self) -> http.client.HTTPConnection:
-        try:
-            return self._pool.get_nowait()
-        except queue.Empty:
-            return http.client.HTTPConnection(self._host, self._port, timeout=self.request_timeout_s)
+        """A pooled keep-alive connection used within ``IDLE_S``, else a new one (connected lazily)."""
+        while True:
+            try:
+                conn, last_used = self._pool.get_nowait()
+            except queue.Empty:
+                return http.client.HTTPConnection(self._host, self._port, timeout=self.request_timeout_s)
+            if time.monotonic() - last_used < IDLE_S:
+                return conn
+            conn.close()  # the server has probably dropped it: reusing it would fail, and cost a retry
+
+    def _drop_pool(self) -> None:
+        while True:
+            try:
+                self._pool.get_nowait()[0].close()
+            except queue.Empty:
+                return

@@ -10,7 +10,7 @@ Endpoints (JSON unless noted; every response carries ``X-Agentrl-Instance``, an 
 start, so a client can tell a restarted server from the one it pushed weights to):
 
 * ``GET /health``: ``status``, ``instance``, ``model``, ``dtype``, ``max_model_len``,
-  ``vocab_size``, ``weights_version``, ``weight_transports``.
+  ``vocab_size``, ``weights_version``, ``weight_transports``, ``running`` (requests in flight).
 * ``POST /generate`` ``{"prompt_ids": [...], "sampling": {temperature, top_p, top_k, min_p,
   max_tokens, stop_token_ids, seed}}`` → ``{"token_ids", "logprobs", "finish_reason",
   "weights_version"}``. A request carrying ``X-Agentrl-Expect-Instance`` that names another
@@ -90,6 +90,38 @@ class WeightReloadExtension:
         return len(tensors)
 
 
+class _InstanceStamp:
+    """ASGI middleware: put this server's instance id on every response, and answer 409 to a request
+    whose weights were pushed to another instance (this server restarted since).
+
+    Plain ASGI rather than ``@app.middleware``: Starlette's BaseHTTPMiddleware hides the client's
+    disconnect from the endpoint, and the server must notice it to abort the request.
+    """
+
+    def __init__(self, app: Any, instance: str) -> None:
+        self.app, self.instance = app, instance
+        self._stamp = (INSTANCE_HEADER.lower().encode(), instance.encode())
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        expected = dict(scope["headers"]).get(EXPECT_HEADER.lower().encode())
+        if expected is not None and expected.decode() != self.instance:
+            from starlette.responses import JSONResponse
+
+            detail = f"weights were pushed to server instance {expected.decode()}; this is instance {self.instance} (restarted)"
+            await JSONResponse({"detail": detail}, status_code=409, headers={INSTANCE_HEADER: self.instance})(scope, receive, send)
+            return
+
+        async def stamped(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self._stamp]
+            await send(message)
+
+        await self.app(scope, receive, stamped)
+
+
 class _Gate:
     """Many generate requests at once, or one weight update alone (which waits for them to end)."""
 
@@ -97,6 +129,10 @@ class _Gate:
         self._cond = asyncio.Condition()
         self._active = 0
         self._writing = False
+
+    @property
+    def running(self) -> int:
+        return self._active
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[None]:
@@ -189,7 +225,6 @@ def _check_push(names_shapes: dict[str, tuple[int, ...]], expected: dict[str, tu
 def create_app(cfg: ServeConfig) -> Any:
     """The FastAPI app; the engine starts in its lifespan, before the port accepts connections."""
     from fastapi import FastAPI, HTTPException, Request
-    from fastapi.responses import JSONResponse
     from pydantic import BaseModel
 
     from agentrl.generators.base import SamplingParams
@@ -244,18 +279,7 @@ def create_app(cfg: ServeConfig) -> Any:
 
     app = FastAPI(title="agentrl vllm-serve", lifespan=lifespan)
 
-    @app.middleware("http")
-    async def stamp(request: Request, call_next: Any) -> Any:
-        expected = request.headers.get(EXPECT_HEADER)
-        if expected is not None and expected != instance:
-            response = JSONResponse(
-                {"detail": f"weights were pushed to server instance {expected}; this is instance {instance} (restarted)"},
-                status_code=409,
-            )
-        else:
-            response = await call_next(request)
-        response.headers[INSTANCE_HEADER] = instance
-        return response
+    app.add_middleware(_InstanceStamp, instance=instance)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -265,7 +289,7 @@ def create_app(cfg: ServeConfig) -> Any:
         return {
             "status": "ok", "instance": instance, "model": model_path, "dtype": state["dtype"],
             "max_model_len": state["max_model_len"], "vocab_size": state["vocab_size"],
-            "weights_version": state["weights_version"], "weight_transports": list(TRANSPORTS),
+            "weights_version": state["weights_version"], "weight_transports": list(TRANSPORTS), "running": gate.running,
         }
 
     @app.post("/generate")
@@ -342,7 +366,7 @@ async def _until_disconnected(request: Any, work: Any) -> Any:
     """Run ``work``; if the client goes away first, cancel it (vLLM aborts the request) and return None."""
     task = asyncio.ensure_future(work)
     while True:
-        done, _ = await asyncio.wait({task}, timeout=1.0)
+        done, _ = await asyncio.wait({task}, timeout=0.25)
         if done:
             return task.result()
         if await request.is_disconnected():
