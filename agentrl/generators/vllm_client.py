@@ -12,6 +12,8 @@ runs in the trainer's environment whatever HTTP packages it has. What it guarant
 * Connection errors (server not up yet, killed, restarting) are retried with exponential backoff
   for up to ``timeout_s``; then one ``VLLMServerError`` names the URL and the last error.
 * A request that gets no answer within ``request_timeout_s`` fails with an error naming the URL.
+* A cancelled ``generate`` closes its socket, so the server aborts the request; idle keep-alive
+  connections are not reused past the server's keep-alive timeout.
 * A restarted server is picked up on the next request. If this client had pushed weights to the
   old server instance, the new one would silently serve its startup weights, so the server
   refuses such a request (it carries the instance id the weights went to) and the client raises
