@@ -62,6 +62,9 @@ class GeneratorSettings(Strict):
     # transformers
     max_batch_size: int = Field(256, ge=1)
     gather_window_s: float = Field(0.005, ge=0)
+    cuda_graphs: bool = Field(
+        False, description="CUDA only, experimental: static KV cache + CUDA-graph decode (4-5x faster decoding; see docs/performance.md)"
+    )
     # vllm (colocated)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory vLLM may take")
     max_model_len: int | None = Field(None, ge=16, description="vLLM context length (None: rollout.max_context)")
@@ -76,7 +79,7 @@ class GeneratorSettings(Strict):
     @pydantic.model_validator(mode="after")
     def _knobs_match_backend(self) -> GeneratorSettings:
         owners = {
-            "transformers": {"max_batch_size", "gather_window_s"},
+            "transformers": {"max_batch_size", "gather_window_s", "cuda_graphs"},
             "vllm": {"gpu_memory_utilization", "max_model_len", "dtype", "enable_sleep_mode", "enforce_eager"},
             "vllm-server": {"url", "timeout_s", "request_timeout_s"},
         }

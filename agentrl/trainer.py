@@ -123,6 +123,7 @@ class Trainer:
                 self._generation_copy = gen_model
             self.generator = TransformersGenerator(
                 gen_model,
+                static_cache=cfg.generator.cuda_graphs and cuda,
                 pad_token_id=self.pad_id,
                 max_batch_size=cfg.generator.max_batch_size,
                 gather_window_s=cfg.generator.gather_window_s,
@@ -364,7 +365,13 @@ class Trainer:
         grad_norm = None
         if cfg.max_grad_norm is not None:
             grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm))
-        self.optimizer.step()
+        else:
+            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.policy.parameters() if p.grad is not None])))
+        skipped = not math.isfinite(grad_norm)
+        if skipped:  # a NaN/inf gradient would poison the weights and every later rollout: drop it
+            print(f"step {self.step + 1}: non-finite gradient norm ({grad_norm}); update skipped", flush=True)
+        else:
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._sync_generator()
@@ -373,6 +380,7 @@ class Trainer:
         train_s = time.perf_counter() - t0
         out = {f"loss/{k}": v for k, v in sums.items()}
         out.update({"lr": self.scheduler.get_last_lr()[0], "perf/train_s": train_s, "perf/trained_tokens_per_s": trained_tokens / train_s})
+        out["train/skipped_nonfinite"] = float(skipped)
         if grad_norm is not None and math.isfinite(grad_norm):
             out["grad_norm"] = grad_norm
         return out

@@ -2,6 +2,8 @@
 
     # lent GPU (no hub there): a Qwen2.5-0.5B-shaped random model and Qwen3's real tokenizer
     python benchmarks/gpu_vs_trl.py --tokenizer .assets/qwen3 --rows 8x8x256,8x8x1024,32x8x512
+    # multi-turn calculator rows "mtPxG" (a short SFT on the device first, see multiturn_bench.py)
+    python benchmarks/gpu_vs_trl.py --tokenizer .assets/qwen3 --rows mt8x8
     # this CPU: the bundled model, both frameworks on CPU
     python benchmarks/gpu_vs_trl.py --cpu --rows 4x4x32
 
@@ -29,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiturn_bench
 
 HERE = Path(__file__).resolve()
 MICRO = 16
@@ -115,7 +119,7 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         f"rollout.max_completion_tokens={N}", f"rollout.max_context={N + 128}", "rollout.max_turns=1",
         f"output_dir={out}", "samples_per_log=0", "save_final=false", "eval_every=0",
         f"precision={'fp32' if cpu else 'bf16'}", f"gradient_checkpointing={'false' if cpu else 'true'}",
-        f'extra_rewards=[{{"fn": "{HERE}:digits"}}]',
+        f'extra_rewards=[{{"fn": "{HERE}:digits"}}]', *([] if cpu else ["generator.cuda_graphs=true"]),
     ]
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # experiments: extra key=value overrides
     if torch.cuda.is_available():
@@ -200,9 +204,20 @@ def run_trl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[s
 
 
 def worker(args: argparse.Namespace) -> None:
-    P, G, N = (int(x) for x in args.row.split("x"))
-    fn = run_agentrl if args.worker == "agentrl" else run_trl
-    result = fn(args.model, P, G, N, args.steps, args.cpu)
+    if args.worker == "sft":
+        import multiturn_bench
+
+        result = multiturn_bench.sft(args.model, args.row, args.sft_seconds)
+    elif args.row.startswith("mt"):  # multi-turn calculator row "mtPxG"
+        import multiturn_bench
+
+        P, G = (int(x) for x in args.row[2:].split("x"))
+        fn = multiturn_bench.run_agentrl if args.worker == "agentrl" else multiturn_bench.run_trl
+        result = fn(args.model, P, G, args.steps)
+    else:
+        P, G, N = (int(x) for x in args.row.split("x"))
+        fn = run_agentrl if args.worker == "agentrl" else run_trl
+        result = fn(args.model, P, G, N, args.steps, args.cpu)
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -214,6 +229,8 @@ def table(results: list[dict[str, Any]]) -> str:
     by_row: dict[str, dict[str, dict[str, Any]]] = {}
     for r in results:
         by_row.setdefault(r["row"], {})[r["framework"]] = r
+    mt = {row: pair for row, pair in by_row.items() if row.startswith("mt")}
+    by_row = {row: pair for row, pair in by_row.items() if not row.startswith("mt")}
     for row, pair in by_row.items():
         for name in ("trl", "agentrl"):
             r = pair.get(name)
@@ -232,6 +249,31 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"| {row} | {name} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {tok / r['step_s']:,.0f} | "
                 f"{tok / max(r['train_s'], 1e-9):,.0f} | {r['peak_gib']:.2f} | {speed} | {mem} |"
             )
+    if mt:
+        lines += [
+            "",
+            "| multi-turn P x G | framework | step s | gen s | train s | episodes/s | tool calls/episode | reward | peak GiB | agentrl/TRL episodes/s | agentrl/TRL step |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    for row, pair in mt.items():
+        for name in ("trl", "agentrl"):
+            r = pair.get(name)
+            if r is None:
+                continue
+            if "error" in r:
+                lines.append(f"| {row[2:]} | {name} | failed: {r['error'][:80]} | | | | | | | | |")
+                continue
+            eps = r["episodes"] / r["step_s"]
+            gen_eps = r["episodes"] / r["gen_s"]
+            ratio = step_ratio = ""
+            other = pair.get("trl")
+            if name == "agentrl" and other and "error" not in other:
+                ratio = f"{gen_eps / (other['episodes'] / other['gen_s']):.2f}x (rollout), {eps / (other['episodes'] / other['step_s']):.2f}x (step)"
+                step_ratio = f"{other['step_s'] / r['step_s']:.2f}x faster"
+            lines.append(
+                f"| {row[2:]} | {name} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {eps:.1f} ({gen_eps:.1f} in rollout) | "
+                f"{r['tool_calls_per_episode']:.2f} | {r['reward']:.3f} | {r['peak_gib']:.2f} | {ratio} | {step_ratio} |"
+            )
     return "\n".join(lines)
 
 
@@ -244,7 +286,8 @@ def main() -> None:
     ap.add_argument("--frameworks", default="trl,agentrl")
     ap.add_argument("--model", default=None, help="model folder (default: build one; --cpu: the bundled model)")
     ap.add_argument("--json", default=None, help="also write the results here")
-    ap.add_argument("--worker", choices=["agentrl", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--sft-seconds", type=float, default=90, help="multi-turn rows: SFT time before the runs")
+    ap.add_argument("--worker", choices=["agentrl", "trl", "sft"], help=argparse.SUPPRESS)
     ap.add_argument("--row", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -261,9 +304,18 @@ def main() -> None:
             build_model(args.tokenizer, Path(model))
     device = "cpu" if args.cpu else torch.cuda.get_device_name()
     results = []
-    for row in args.rows.split(","):
+    rows = args.rows.split(",")
+    sft_model = None
+    if any(r.startswith("mt") for r in rows):  # teach the random model to call the tool first
+        sft_model = tempfile.mkdtemp(prefix="q05-sft-")
+        cmd = [sys.executable, str(HERE), "--worker", "sft", "--row", sft_model, "--model", model, "--sft-seconds", str(args.sft_seconds)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        print("sft: " + (found[-1][7:] if found else proc.stderr[-3000:]), flush=True)
+    for row in rows:
         for fw in args.frameworks.split(","):
-            cmd = [sys.executable, str(HERE), "--worker", fw, "--row", row, "--model", model, "--steps", str(args.steps)]
+            target = sft_model if row.startswith("mt") else model
+            cmd = [sys.executable, str(HERE), "--worker", fw, "--row", row, "--model", target, "--steps", str(args.steps)]
             cmd += ["--cpu"] if args.cpu else []
             t = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})

@@ -198,3 +198,24 @@ def test_gradient_checkpointing_and_extra_reward(tmp_path):
     t.train()
     metrics = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert 0 < metrics["reward/brevity"] <= 1 and "reward/correct" in metrics
+
+
+def test_non_finite_gradient_skips_the_update(tmp_path, monkeypatch):
+    """One NaN loss must not poison the weights (and with them every later rollout)."""
+    import agentrl.trainer as trainer_module
+
+    real = trainer_module.policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(trainer_module, "policy_loss", nan_loss)
+    trainer = Trainer(config(tmp_path, "max_steps=1", "save_final=false"))
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    trainer.train()
+    after = trainer.policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    metrics = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["train/skipped_nonfinite"] == 1.0
+    assert not (tmp_path / "checkpoints").exists()  # save_final=false

@@ -31,8 +31,10 @@ def build_generator(
 
         if model is None:
             raise ValueError("the transformers backend generates with a loaded model; pass model=")
+        cuda_graphs = settings.cuda_graphs and next(model.parameters()).device.type == "cuda"
         return TransformersGenerator(
-            model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size, gather_window_s=settings.gather_window_s
+            model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size,
+            gather_window_s=settings.gather_window_s, static_cache=cuda_graphs,
         )
     if backend == "vllm":
         import torch

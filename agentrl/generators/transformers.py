@@ -231,10 +231,12 @@ class TransformersGenerator:
         self._weights_lock = threading.Lock()  # held for a whole batch, so weights never change mid-batch
         self._thread: threading.Thread | None = None
         self._closed = False
-        # Static cache + CUDA graphs by default on CUDA (see static_decode.py); eager elsewhere.
+        # Static cache + CUDA graphs only when asked for (see static_decode.py and
+        # docs/performance.md: a training run with it turned the policy non-finite after two
+        # optimizer steps on an H200, cause not yet found); otherwise the dynamic cache.
         from agentrl.generators.static_decode import StaticDecoder
 
-        want_static = self.device.type == "cuda" if static_cache is None else static_cache
+        want_static = bool(static_cache)
         if want_static and not StaticDecoder.supports(model):
             if static_cache:
                 raise ValueError("static_cache=True: this model (sliding-window or mixed attention) or transformers version is not supported")
