@@ -249,7 +249,8 @@ def test_a_cancelled_request_is_aborted_on_the_server(server, hf):
         time.sleep(0.05)
     aborted_after = time.monotonic() - start
     assert client.health()["running"] == 0
-    assert aborted_after < 0.2 + 0.6 < full, (aborted_after, full)  # the server stopped it, not finished it
+    # the server stopped it, not finished it; relative to the full run so a loaded machine doesn't flake
+    assert aborted_after < 0.5 * full, (aborted_after, full)
 
 
 @pytest.mark.vllm
