@@ -24,20 +24,10 @@ def digits(completion: str) -> float:
 
 
 def build_model(tokenizer_dir: str, out: Path) -> None:
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    """The Qwen2.5-0.5B-shaped random model of gpu_vs_trl.py, in bf16."""
+    from gpu_vs_trl import build_model as build
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen2Config(
-        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-        tie_word_embeddings=True, rope_theta=1_000_000.0,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
+    build(tokenizer_dir, out, torch.bfloat16)
 
 
 def run(name: str, model_dir: Path, steps: int, extra: list[str]) -> dict:

@@ -72,8 +72,8 @@ def make_env(n: int = 64) -> Any:
     return SingleTurn(rewards=[digits])
 
 
-def build_model(tokenizer_dir: str, out: Path) -> None:
-    """A Qwen2.5-0.5B-shaped model with random weights (fp32 on disk) plus the tokenizer."""
+def build_model(tokenizer_dir: str, out: Path, dtype: torch.dtype = torch.float32) -> None:
+    """A Qwen2.5-0.5B-shaped model with random weights (fp32 on disk by default) plus the tokenizer."""
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -84,8 +84,10 @@ def build_model(tokenizer_dir: str, out: Path) -> None:
         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(out)
+    model = Qwen2ForCausalLM(config).to(dtype)
+    model.save_pretrained(out)
     tok.save_pretrained(out)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
 
 
 def _sync() -> None:

@@ -166,6 +166,25 @@ def _suppress_early_stops(
     return logits
 
 
+def _record(
+    reqs: list[_Request], rows: list[int], tok_list: list[int], lp_list: list[float],
+    tokens: list[list[int]], logprobs: list[list[float]], finish: list[FinishReason | None], stops: list[set[int]],
+) -> None:
+    """Append batch row ``j``'s sampled token to request ``rows[j]`` and note why it finished, if it did."""
+    for j, i in enumerate(rows):
+        if finish[i] is not None:
+            continue
+        if reqs[i].cancelled:
+            finish[i] = "abort"
+            continue
+        tokens[i].append(tok_list[j])
+        logprobs[i].append(lp_list[j])
+        if tok_list[j] in stops[i]:
+            finish[i] = "stop"
+        elif len(tokens[i]) >= reqs[i].max_tokens:
+            finish[i] = "length"
+
+
 class _HostCopy:
     """Copy sampled tokens and logprobs to the host without waiting for work queued after them."""
 
@@ -457,19 +476,7 @@ class TransformersGenerator:
             if any_min:
                 logits = _suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
             tok, lp = sample_next(logits, [reqs[i].sampling for i in rows], [gens[i] for i in rows])
-            tok_list, lp_list = tok.tolist(), lp.tolist()
-            for j, i in enumerate(rows):
-                if finish[i] is not None:  # finished but not yet pruned: output ignored
-                    continue
-                if reqs[i].cancelled:
-                    finish[i] = "abort"
-                    continue
-                tokens[i].append(tok_list[j])
-                logprobs[i].append(lp_list[j])
-                if tok_list[j] in stops[i]:
-                    finish[i] = "stop"
-                elif len(tokens[i]) >= reqs[i].max_tokens:
-                    finish[i] = "length"
+            _record(reqs, rows, tok.tolist(), lp.tolist(), tokens, logprobs, finish, stops)  # finished rows: ignored
             live = [j for j, i in enumerate(rows) if finish[i] is None]
             if not live:
                 break
@@ -512,19 +519,7 @@ class TransformersGenerator:
             to_host.start(tok, lp)
             logits = batch.step(tok)  # speculative: runs while the host looks at tok
             self.stats["forward_passes"] += 1
-            tok_list, lp_list = to_host.wait()
-            for i in range(n):
-                if finish[i] is not None:
-                    continue
-                if reqs[i].cancelled:
-                    finish[i] = "abort"
-                    continue
-                tokens[i].append(tok_list[i])
-                logprobs[i].append(lp_list[i])
-                if tok_list[i] in stops[i]:
-                    finish[i] = "stop"
-                elif len(tokens[i]) >= reqs[i].max_tokens:
-                    finish[i] = "length"
+            _record(reqs, rows, *to_host.wait(), tokens, logprobs, finish, stops)
             if all(f is not None for f in finish):
                 break
         self.stats["tokens_generated"] += sum(len(t) for t in tokens)
