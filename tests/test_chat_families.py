@@ -266,8 +266,9 @@ DECLARED_SPLITS = {
     # family: (reply, the sampled end token replacing the rendered one or None, new messages, reason part)
     "mistral": ({"role": "assistant", "content": "Sunny."}, None, [{"role": "user", "content": "Tomorrow?"}],
                 "first differ at token"),
+    # harmony: the final answer ends with <|return|> (as the model writes it) but is <|end|> in history
     "gpt_oss": ({"role": "assistant", "content": "Sunny."}, "<|return|>", [{"role": "user", "content": "Tomorrow?"}],
-                "no end-of-turn token"),
+                "rewrites earlier turns"),
     "llama3": (None, "<|eom_id|>", [tool_result("sunny", call_id="call_0")], "not with the template's end of turn"),
 }  # fmt: skip
 
