@@ -106,7 +106,6 @@ class StaticDecoder:
     def supports(model: torch.nn.Module) -> bool:
         """True when every layer is full attention and transformers' static layers count positions."""
         try:
-            from transformers import StaticCache
             from transformers.cache_utils import StaticLayer
         except ImportError:
             return False
@@ -114,9 +113,7 @@ class StaticDecoder:
         layer_types = getattr(config, "layer_types", None) or ["full_attention"]
         if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
             return False
-        if not hasattr(StaticLayer(max_cache_len=1), "cumulative_length"):
-            return False
-        return StaticCache is not None
+        return hasattr(StaticLayer(max_cache_len=1), "cumulative_length")
 
     def invalidate(self) -> None:
         """Drop caches and graphs, freeing their memory (weight updates do NOT need this)."""

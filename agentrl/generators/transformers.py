@@ -111,11 +111,7 @@ def sample_next(
         x = logits / first.temperature
         if first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
             x = _filter_logits(x, params)
-        logp = x.log_softmax(-1)
-        cdf = logp.exp().cumsum(-1)
-        target = (1 - torch.rand(n, device=logits.device)) * cdf[:, -1]
-        choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=cdf.shape[1] - 1)
-        return choice, logp.gather(1, choice[:, None]).squeeze(1)
+        return _draw(x.log_softmax(-1), torch.rand(n, device=logits.device))
     tokens = torch.empty(n, dtype=torch.long, device=logits.device)
     logprobs = torch.empty(n, dtype=torch.float32, device=logits.device)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
@@ -140,12 +136,16 @@ def sample_next(
             u[torch.tensor(seeded, device=logits.device)] = torch.tensor(draws, device=logits.device)
         if shared:
             u[torch.tensor(shared, device=logits.device)] = torch.rand(len(shared), device=logits.device)
-        cdf = logp.exp().cumsum(-1)
-        target = (1 - u) * cdf[:, -1]  # in (0, total]: never lands on a zero-probability token
-        choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=cdf.shape[1] - 1)
-        tokens[idx] = choice
-        logprobs[idx] = logp.gather(1, choice[:, None]).squeeze(1)
+        tokens[idx], logprobs[idx] = _draw(logp, u)
     return tokens, logprobs
+
+
+def _draw(logp: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF sampling, one uniform per row: the chosen tokens and their log-probabilities."""
+    cdf = logp.exp().cumsum(-1)
+    target = (1 - u) * cdf[:, -1]  # in (0, total]: never lands on a zero-probability token
+    choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=cdf.shape[1] - 1)
+    return choice, logp.gather(1, choice[:, None]).squeeze(1)
 
 
 def _suppress_early_stops(
