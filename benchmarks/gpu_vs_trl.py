@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -139,34 +140,31 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     phases = {k: max(r[k] for r in rows) for k in ("perf/peak_gib_rollout", "perf/peak_gib_train") if k in rows[0]}
     return {
         **phases,
-        "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled, "peak_gib": _peak(),
+        "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled,
         "total_s": total, "steps": len(rows), "static_decode": None if stats is None else stats.stats,
         "peak_gib": max([_peak(), *phases.values()]),
     }
 
 
-def run_trl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[str, Any]:
-    import anyio
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def train_trl_timed(build: Callable[[type, list], Any]) -> tuple[Any, float, float, float]:
+    """Train the GRPOTrainer ``build(trainer_class, callbacks)`` makes, timed from outside.
 
-    env = make_env(P * steps)
-    prompts = []
-    for task in env.dataset("train"):
-        messages, _ = anyio.run(env.reset, dict(task), 0)
-        prompts.append({"prompt": messages})
-    data = Dataset.from_list(prompts)
-    times: list[float] = []
+    Returns (trainer, step s, generation s, total s); step and generation times are medians over
+    the steps after the first (warm-up). Generation is TRL's ``_generate`` alone, not scoring.
+    """
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    ends: list[float] = []
     gen_times: list[float] = []
 
     class Clock(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             _sync()
-            times.append(time.perf_counter())
+            ends.append(time.perf_counter())
 
     class Timed(GRPOTrainer):
-        def _generate(self, *a: Any, **kw: Any) -> Any:  # generation only, not scoring or loss
+        def _generate(self, *a: Any, **kw: Any) -> Any:
             _sync()
             t = time.perf_counter()
             out = super()._generate(*a, **kw)
@@ -174,6 +172,31 @@ def run_trl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[s
             gen_times.append(time.perf_counter() - t)
             return out
 
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    trainer = build(Timed, [Clock()])
+    _sync()
+    start = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - start
+    marks = [start, *ends]
+    durations = [b - a for a, b in zip(marks, marks[1:])]
+    step = statistics.median(durations[1:] or durations)
+    gen = statistics.median(gen_times[1:] or gen_times)
+    return trainer, step, gen, total
+
+
+def run_trl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[str, Any]:
+    import anyio
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    env = make_env(P * steps)
+    prompts = []
+    for task in env.dataset("train"):
+        messages, _ = anyio.run(env.reset, dict(task), 0)
+        prompts.append({"prompt": messages})
+    data = Dataset.from_list(prompts)
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"), per_device_train_batch_size=MICRO,
         gradient_accumulation_steps=P * G // MICRO, num_generations=G, max_completion_length=N,
@@ -183,22 +206,13 @@ def run_trl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[s
         adam_beta2=0.99, weight_decay=0.0, optim="adamw_torch" if cpu else "adamw_torch_fused",
         dataloader_num_workers=0, shuffle_dataset=False,
     )
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    trainer = Timed(model=model, reward_funcs=[digits], args=config, train_dataset=data, callbacks=[Clock()])
-    _sync()
-    start = time.perf_counter()
-    trainer.train()
-    total = time.perf_counter() - start
-    ends = [start, *times]
-    durations = [b - a for a, b in zip(ends, ends[1:])]
-    later = durations[1:] or durations
+    trainer, step, gen, total = train_trl_timed(
+        lambda cls, callbacks: cls(model=model, reward_funcs=[digits], args=config, train_dataset=data, callbacks=callbacks)
+    )
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    step = statistics.median(later)
-    gen = statistics.median(gen_times[1:] or gen_times)
     return {
         "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": (lengths[-1] if lengths else N) * P * G,
-        "peak_gib": _peak(), "total_s": total, "steps": len(durations),
+        "peak_gib": _peak(), "total_s": total, "steps": trainer.state.global_step,
     }
 
 

@@ -28,11 +28,6 @@ DIFFICULTY = [2, 3]  # two or three calculator calls, then the answer: 3-4 assis
 MAX_COMPLETION = 256
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression.
 
@@ -158,8 +153,8 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
 def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     import anyio
     from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from gpu_vs_trl import train_trl_timed
+    from trl import GRPOConfig
 
     from agentrl.environments.calculator import correct
 
@@ -168,8 +163,6 @@ def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     for task in env.dataset("train").select(range(P * steps)):
         messages, _ = anyio.run(env.reset, dict(task), 0)
         rows.append({"prompt": messages, "answer": task["answer"]})
-    times: list[float] = []
-    gen_times: list[float] = []
     calls: list[float] = []
 
     def reward(completions: list, answer: list, **_: Any) -> list[float]:
@@ -180,20 +173,6 @@ def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
             out.append(correct(final, target))
         return out
 
-    class Clock(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            _sync()
-            times.append(time.perf_counter())
-
-    class Timed(GRPOTrainer):
-        def _generate(self, *a: Any, **kw: Any) -> Any:
-            _sync()
-            t = time.perf_counter()
-            out = super()._generate(*a, **kw)
-            _sync()
-            gen_times.append(time.perf_counter() - t)
-            return out
-
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-mt-"), per_device_train_batch_size=16,
         gradient_accumulation_steps=P * G // 16, num_generations=G, max_completion_length=MAX_COMPLETION,
@@ -203,17 +182,11 @@ def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         save_strategy="no", seed=0, lr_scheduler_type="constant", max_grad_norm=1.0, adam_beta2=0.99, weight_decay=0.0,
         optim="adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch", dataloader_num_workers=0, shuffle_dataset=False,
     )
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    trainer = Timed(model=model, reward_funcs=[reward], args=config, train_dataset=Dataset.from_list(rows), tools=[calculator], callbacks=[Clock()])
-    _sync()
-    start = time.perf_counter()
-    trainer.train()
-    ends = [start, *times]
-    durations = [b - a for a, b in zip(ends, ends[1:])]
-    later = durations[1:] or durations
-    step = statistics.median(later)
-    gen = statistics.median(gen_times[1:] or gen_times)
+    trainer, step, gen, _total = train_trl_timed(
+        lambda cls, callbacks: cls(
+            model=model, reward_funcs=[reward], args=config, train_dataset=Dataset.from_list(rows), tools=[calculator], callbacks=callbacks
+        )
+    )
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     return {
