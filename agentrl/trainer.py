@@ -362,11 +362,9 @@ class Trainer:
             trained_tokens += int(batch["mask"][idx].sum())
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + v / len(micro)
-        grad_norm = None
-        if cfg.max_grad_norm is not None:
-            grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm))
-        else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.policy.parameters() if p.grad is not None])))
+        # max_norm inf: the total norm without clipping, for the finiteness check below
+        limit = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), limit))
         skipped = not math.isfinite(grad_norm)
         if skipped:  # a NaN/inf gradient would poison the weights and every later rollout: drop it
             print(f"step {self.step + 1}: non-finite gradient norm ({grad_norm}); update skipped", flush=True)
@@ -381,7 +379,7 @@ class Trainer:
         out = {f"loss/{k}": v for k, v in sums.items()}
         out.update({"lr": self.scheduler.get_last_lr()[0], "perf/train_s": train_s, "perf/trained_tokens_per_s": trained_tokens / train_s})
         out["train/skipped_nonfinite"] = float(skipped)
-        if grad_norm is not None and math.isfinite(grad_norm):
+        if math.isfinite(grad_norm):
             out["grad_norm"] = grad_norm
         return out
 
