@@ -65,6 +65,9 @@ class GeneratorSettings(Strict):
     cuda_graphs: bool = Field(
         False, description="CUDA only, experimental: static KV cache + CUDA-graph decode (4-5x faster decoding; see docs/performance.md)"
     )
+    compile_decode: bool = Field(
+        False, description="with cuda_graphs: torch.compile the one-token decode step before capturing it (fuses small kernels; compiles on first use)"
+    )
     # vllm (colocated)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory vLLM may take")
     max_model_len: int | None = Field(None, ge=16, description="vLLM context length (None: rollout.max_context)")
@@ -79,10 +82,12 @@ class GeneratorSettings(Strict):
     @pydantic.model_validator(mode="after")
     def _knobs_match_backend(self) -> GeneratorSettings:
         owners = {
-            "transformers": {"max_batch_size", "gather_window_s", "cuda_graphs"},
+            "transformers": {"max_batch_size", "gather_window_s", "cuda_graphs", "compile_decode"},
             "vllm": {"gpu_memory_utilization", "max_model_len", "dtype", "enable_sleep_mode", "enforce_eager"},
             "vllm-server": {"url", "timeout_s", "request_timeout_s"},
         }
+        if self.compile_decode and not self.cuda_graphs:
+            raise ValueError("compile_decode=true needs cuda_graphs=true: the compiled step is the one the graph captures")
         for backend, knobs in owners.items():
             stray = sorted(knobs & self.model_fields_set) if backend != self.backend else []
             if stray:

@@ -122,7 +122,7 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         f"rollout.max_completion_tokens={N}", f"rollout.max_context={N + 128}", "rollout.max_turns=1",
         f"output_dir={out}", "samples_per_log=0", "save_final=false", "eval_every=0",
         f"precision={'fp32' if cpu else 'bf16'}", f"gradient_checkpointing={'false' if cpu else 'true'}",
-        f'extra_rewards=[{{"fn": "{HERE}:digits"}}]', *([] if cpu else ["generator.cuda_graphs=true"]),
+        f'extra_rewards=[{{"fn": "{HERE}:digits"}}]', *([] if cpu else ["generator.cuda_graphs=true", "generator.compile_decode=true"]),
     ]
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # experiments: extra key=value overrides
     if torch.cuda.is_available():
@@ -143,6 +143,8 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled,
         "total_s": total, "steps": len(rows), "static_decode": None if stats is None else stats.stats,
         "peak_gib": max([_peak(), *phases.values()]),
+        "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
+        "grad_norms": [r.get("grad_norm") for r in rows],
     }
 
 
@@ -255,6 +257,8 @@ def table(results: list[dict[str, Any]]) -> str:
             if "error" in r:
                 lines.append(f"| {row} | {name} | failed: {r['error'][:80]} | | | | | | | |")
                 continue
+            if r.get("skipped_steps"):
+                name += f" ({r['skipped_steps']} non-finite steps skipped)"
             tok = r["sampled_tokens"]
             speed = mem = ""
             other = pair.get("trl")
@@ -279,6 +283,8 @@ def table(results: list[dict[str, Any]]) -> str:
             if "error" in r:
                 lines.append(f"| {row[2:]} | {name} | failed: {r['error'][:80]} | | | | | | | | |")
                 continue
+            if r.get("skipped_steps"):
+                name += f" ({r['skipped_steps']} non-finite steps skipped)"
             eps = r["episodes"] / r["step_s"]
             gen_eps = r["episodes"] / r["gen_s"]
             ratio = step_ratio = ""
@@ -303,6 +309,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model folder (default: build one; --cpu: the bundled model)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--sft-seconds", type=float, default=90, help="multi-turn rows: SFT time before the runs")
+    ap.add_argument("--sft-model", default=None, help="multi-turn rows: where the SFT model goes (default: a temp folder)")
     ap.add_argument("--worker", choices=["agentrl", "trl", "sft"], help=argparse.SUPPRESS)
     ap.add_argument("--row", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -323,7 +330,7 @@ def main() -> None:
     rows = args.rows.split(",")
     sft_model = None
     if any(r.startswith("mt") for r in rows):  # teach the random model to call the tool first
-        sft_model = tempfile.mkdtemp(prefix="q05-sft-")
+        sft_model = args.sft_model or tempfile.mkdtemp(prefix="q05-sft-")
         cmd = [sys.executable, str(HERE), "--worker", "sft", "--row", sft_model, "--model", model, "--sft-seconds", str(args.sft_seconds)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

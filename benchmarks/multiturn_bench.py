@@ -125,17 +125,17 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         f"rollout.max_completion_tokens={MAX_COMPLETION}", "rollout.max_context=1536", "rollout.max_turns=6",
         f"output_dir={tempfile.mkdtemp(prefix='agentrl-mt-')}", f"samples_per_log={8 if os.environ.get('AGENTRL_MT_SAMPLES') else 0}", "save_final=false",
         "logprob_chunk_size=256",
-        *(["precision=bf16", "gradient_checkpointing=true", "generator.cuda_graphs=true"] if torch.cuda.is_available() else ["precision=fp32"]),
+        *(["precision=bf16", "gradient_checkpointing=true", "generator.cuda_graphs=true", "generator.compile_decode=true"] if torch.cuda.is_available() else ["precision=fp32"]),
     ]
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
     trainer.train()
     rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
-    if os.environ.get("AGENTRL_MT_SAMPLES"):
-        print("RUN_DIR", trainer.run_dir, flush=True)
-        for r in rows:
-            print("STEP", r["step"], "well_formed", r.get("rollout/tools/well_formed_rate"), "calls", r.get("rollout/tools/calls"), "sampled", r.get("rollout/tokens/sampled"), flush=True)
+    for r in rows:
+        print("STEP", r["step"], "well_formed", r.get("rollout/tools/well_formed_rate"), "calls", r.get("rollout/tools/calls"),
+              "sampled", r.get("rollout/tokens/sampled"), "reward", r.get("reward/mean"), "grad_norm", r.get("grad_norm"),
+              "skipped", r.get("train/skipped_nonfinite"), file=sys.stderr, flush=True)
     later = rows[1:] or rows
     step = statistics.median(r["perf/step_s"] for r in later)
     gen = statistics.median(r["rollout/elapsed_s"] for r in later)
@@ -146,7 +146,9 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         "tool_calls_per_episode": statistics.mean(r["rollout/tools/calls"] for r in later) / (P * G),
         "well_formed": statistics.mean(r["rollout/tools/well_formed_rate"] for r in later),
         "reward": statistics.mean(r["reward/mean"] for r in later),
-        "peak_gib": max(r.get("perf/peak_gib_train", 0) for r in rows),
+        "peak_gib": max(max(r.get("perf/peak_gib_train", 0), r.get("perf/peak_gib_rollout", 0)) for r in rows),
+        "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
+        "calls_per_step": [r.get("rollout/tools/calls") for r in rows],
     }
 
 

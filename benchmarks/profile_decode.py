@@ -38,22 +38,29 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=40)
     ap.add_argument("--kernels", action="store_true", help="profile the eager step's CUDA kernels")
     ap.add_argument("--only-kernels", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="also time the torch.compile'd step (generator.compile_decode)")
     args = ap.parse_args()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
     B, N = args.batch, args.tokens
     prompts = [[(13 * i + j) % 1000 + 10 for j in range(args.prompt)] for i in range(B)]
 
-    dec = StaticDecoder(model, 0)
+    for compiled in [False, True] if args.compile else [False]:
+        dec = StaticDecoder(model, 0, compile=compiled)
+        with torch.inference_mode():
+            batch = dec.start(prompts, N)
+            tok = torch.zeros(B, dtype=torch.long, device="cuda")
+            t0 = time.perf_counter()
+            batch.step(tok)  # capture (and compile)
+            torch.cuda.synchronize()
+            capture_s = time.perf_counter() - t0
+            replay = timed(lambda: dec.decode_step(batch.slot, batch.column), 100)
+        print(f"{'compiled' if compiled else 'eager'} step: capture {capture_s:.1f} s, graph replay {replay:.2f} ms/step", flush=True)
     with torch.inference_mode():
-        batch = dec.start(prompts, N)
-        tok = torch.zeros(B, dtype=torch.long, device="cuda")
-        batch.step(tok)  # capture
-        replay = timed(lambda: dec.decode_step(batch.slot, batch.column), 100)
         logits = batch.prefill_logits
         params = [SamplingParams(temperature=1.0, max_tokens=N)] * B
         sample = timed(lambda: sample_next(logits, params, [None] * B), 100)
         sample_tolist = timed(lambda: sample_next(logits, params, [None] * B)[0].tolist(), 100)
-    print(f"graph replay {replay:.2f} ms/step; sample_next {sample:.2f} ms; sample_next+tolist {sample_tolist:.2f} ms")
+    print(f"sample_next {sample:.2f} ms; sample_next+tolist {sample_tolist:.2f} ms")
     if args.kernels:
         from torch.profiler import ProfilerActivity, profile
 
@@ -65,8 +72,11 @@ def main() -> None:
     if args.only_kernels:
         return
 
-    for label, static, min_tokens in [("static+graph", True, 0), ("static+graph min_tokens", True, N), ("dynamic cache", False, 0)]:
-        gen = TransformersGenerator(model, 0, static_cache=static, gather_window_s=0.05)
+    runs = [("static+graph", True, False, 0), ("static+graph min_tokens", True, False, N), ("dynamic cache", False, False, 0)]
+    if args.compile:
+        runs.insert(1, ("static+graph+compile", True, True, 0))
+    for label, static, compiled, min_tokens in runs:
+        gen = TransformersGenerator(model, 0, static_cache=static, compile_decode=compiled, gather_window_s=0.05)
         sp = SamplingParams(temperature=1.0, max_tokens=N, min_tokens=min_tokens)
 
         async def run() -> float:

@@ -15,6 +15,7 @@ from agentrl.generators.transformers import (
     GenerationError,
     GeneratorClosedError,
     TransformersGenerator,
+    sample_next,
 )
 
 PROMPTS = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [42], [7, 7, 30, 31, 50, 2]]
@@ -315,3 +316,28 @@ def test_min_tokens_masks_stop_tokens_until_reached(gen):
     assert len(forced.token_ids) >= 4 and stop not in forced.token_ids[:4]
     with pytest.raises(ValueError, match="min_tokens"):
         SamplingParams(min_tokens=-1)
+
+
+def test_sample_next_never_draws_a_zero_probability_token():
+    """Peaked distributions (most tokens at probability 0 in float32) are drawn exactly.
+
+    The GPU's parallel cumulative sum is not exactly monotone, so inverse-CDF sampling could land on
+    a token of probability 0 (sampler logprob -inf); the unseeded rows now use Gumbel-max sampling.
+    """
+    torch.manual_seed(0)
+    vocab, n = 4096, 2000
+    logits = torch.full((n, vocab), -1e4)
+    logits[:, :3] = torch.tensor([2.0, 1.0, 0.0])  # three possible tokens, the rest underflow to 0
+    logits[:, 7] = -math.inf  # a masked stop token
+    params = [SamplingParams(temperature=1.0)] * n
+    tokens, logprobs = sample_next(logits, params, [None] * n)
+    assert torch.isfinite(logprobs).all() and int(tokens.max()) <= 2
+    counts = torch.bincount(tokens, minlength=3).float() / n
+    expected = torch.tensor([2.0, 1.0, 0.0]).softmax(-1)
+    assert (counts[:3] - expected).abs().max() < 4 * math.sqrt(0.25 / n)
+    assert torch.allclose(logprobs, expected.log()[tokens], atol=1e-5)
+    # mixed settings (the per-row path): seeded rows invert the CDF, unseeded rows race
+    mixed = [SamplingParams(temperature=1.0, seed=i) if i % 2 else SamplingParams(temperature=0.5) for i in range(n)]
+    gens = [torch.Generator().manual_seed(i) if i % 2 else None for i in range(n)]
+    tokens, logprobs = sample_next(logits, mixed, gens)
+    assert torch.isfinite(logprobs).all() and int(tokens.max()) <= 2

@@ -35,6 +35,7 @@ def build_generator(
         return TransformersGenerator(
             model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size,
             gather_window_s=settings.gather_window_s, static_cache=cuda_graphs,
+            compile_decode=settings.compile_decode and cuda_graphs,
         )
     if backend == "vllm":
         import torch

@@ -87,7 +87,10 @@ class _Slot:
 class StaticDecoder:
     """Owns the static caches (and graphs) of one model; ``start`` begins a batch on them."""
 
-    def __init__(self, model: torch.nn.Module, pad_token_id: int, *, use_graphs: bool | None = None, max_shapes: int = 4) -> None:
+    def __init__(
+        self, model: torch.nn.Module, pad_token_id: int, *, use_graphs: bool | None = None, max_shapes: int = 4,
+        compile: bool = False,
+    ) -> None:
         self.model = model
         self.pad_token_id = int(pad_token_id)
         self.device = next(model.parameters()).device
@@ -100,6 +103,11 @@ class StaticDecoder:
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
         self._gqa_ready = _register_gqa_decode()
+        # torch.compile for the one-token step only (prefill widths vary): inductor fuses the
+        # ~20 small kernels per layer (RMSNorm in float32, rotary, SiLU * up, residual adds) that
+        # leave even a graph-replayed step launch-bound. Compiled on first use; a second shape
+        # recompiles once with dynamic shapes.
+        self._compiled = torch.compile(model) if compile else None
         self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0}
 
     @staticmethod
@@ -163,7 +171,8 @@ class StaticDecoder:
         if swap:  # only for our own calls: training forwards on a shared module keep plain SDPA
             config._attn_implementation = GQA_DECODE
         try:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
+            call = self._compiled if self._compiled is not None and ids.shape[1] == 1 else self.model
+            out = call(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
         finally:
             if swap:
                 config._attn_implementation = original

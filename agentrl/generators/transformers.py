@@ -111,7 +111,7 @@ def sample_next(
         x = logits / first.temperature
         if first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
             x = _filter_logits(x, params)
-        return _draw(x.log_softmax(-1), torch.rand(n, device=logits.device))
+        return _race(x.log_softmax(-1))
     tokens = torch.empty(n, dtype=torch.long, device=logits.device)
     logprobs = torch.empty(n, dtype=torch.float32, device=logits.device)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
@@ -126,26 +126,50 @@ def sample_next(
         idx = torch.tensor(sampled, device=logits.device)
         temps = torch.tensor([params[i].temperature for i in sampled], device=logits.device)
         logp = _filter_logits(logits[idx] / temps[:, None], [params[i] for i in sampled]).log_softmax(-1)
-        # Inverse-CDF sampling with one uniform per row: a seeded row takes its uniform from its own
-        # CPU generator (cheap, same on every device), unseeded rows from the global device RNG.
-        u = torch.empty(len(sampled), device=logits.device)
         seeded = [j for j, i in enumerate(sampled) if generators[i] is not None]
         shared = [j for j, i in enumerate(sampled) if generators[i] is None]
+        if shared:  # unseeded rows: the global device RNG
+            at = torch.tensor([sampled[j] for j in shared], device=logits.device)
+            tokens[at], logprobs[at] = _race(logp[torch.tensor(shared, device=logits.device)])
         if seeded:
+            # a seeded row takes one uniform from its own CPU generator (cheap, the same on every
+            # device) and inverts the CDF with it, so it doesn't depend on its batch companions
             draws = [torch.rand(1, generator=generators[sampled[j]]).item() for j in seeded]
-            u[torch.tensor(seeded, device=logits.device)] = torch.tensor(draws, device=logits.device)
-        if shared:
-            u[torch.tensor(shared, device=logits.device)] = torch.rand(len(shared), device=logits.device)
-        tokens[idx], logprobs[idx] = _draw(logp, u)
+            at = torch.tensor([sampled[j] for j in seeded], device=logits.device)
+            rows = logp[torch.tensor(seeded, device=logits.device)]
+            tokens[at], logprobs[at] = _draw(rows, torch.tensor(draws, device=logits.device))
     return tokens, logprobs
 
 
-def _draw(logp: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse-CDF sampling, one uniform per row: the chosen tokens and their log-probabilities."""
-    cdf = logp.exp().cumsum(-1)
-    target = (1 - u) * cdf[:, -1]  # in (0, total]: never lands on a zero-probability token
-    choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=cdf.shape[1] - 1)
+def _race(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gumbel-max sampling: ``argmax(logp + Gumbel noise)`` is a draw from ``softmax(logp)``.
+
+    Unlike inverting a cumulative sum, a zero-probability token (``-inf``) can never win, whatever
+    the rounding; and it is a handful of element-wise kernels and one argmax, no scan.
+    """
+    noise = torch.rand_like(logp).log_().neg_().log_()  # log(-log u); u = 0 gives +inf: that token loses
+    choice = (logp - noise).argmax(-1)
     return choice, logp.gather(1, choice[:, None]).squeeze(1)
+
+
+def _draw(logp: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF sampling, one uniform per row: the chosen tokens and their log-probabilities.
+
+    A parallel cumulative sum is not exactly monotone (its partial sums round differently across
+    blocks), so the target can land on a zero-probability token; such a row takes the nearest
+    token with probability above zero instead (rare; costs a host sync only then).
+    """
+    cdf = logp.exp().cumsum(-1)
+    target = (1 - u) * cdf[:, -1]  # in (0, total]
+    choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=cdf.shape[1] - 1)
+    chosen = logp.gather(1, choice[:, None]).squeeze(1)
+    bad = torch.isneginf(chosen)
+    if bool(bad.any()):
+        for r in bad.nonzero().flatten().tolist():
+            possible = torch.isfinite(logp[r]).nonzero().flatten()
+            choice[r] = possible[(possible - choice[r]).abs().argmin()]
+        chosen = logp.gather(1, choice[:, None]).squeeze(1)
+    return choice, chosen
 
 
 def _suppress_early_stops(
@@ -228,6 +252,7 @@ class TransformersGenerator:
         gather_window_s: float = 0.005,
         max_context: int | None = None,
         static_cache: bool | None = None,
+        compile_decode: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -260,7 +285,9 @@ class TransformersGenerator:
             if static_cache:
                 raise ValueError("static_cache=True: this model (sliding-window or mixed attention) or transformers version is not supported")
             want_static = False
-        self.static = StaticDecoder(model, self.pad_token_id) if want_static else None
+        if compile_decode and not want_static:
+            raise ValueError("compile_decode=True needs static_cache=True (the compiled step runs on the static cache)")
+        self.static = StaticDecoder(model, self.pad_token_id, compile=compile_decode) if want_static else None
 
     @classmethod
     def from_pretrained(
