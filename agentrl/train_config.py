@@ -81,6 +81,9 @@ class TrainConfig(Strict):
     learning_rate: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     adam_betas: tuple[float, float] = (0.9, 0.99)
+    optimizer_offload: bool = Field(
+        False, description="keep AdamW's two moments in host memory, streamed through the GPU at each step (-8 bytes/parameter of GPU memory, ~16 bytes/parameter of PCIe traffic per step)"
+    )
     max_grad_norm: float | None = Field(1.0, gt=0)
     lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)

@@ -96,8 +96,12 @@ class Trainer:
         self.policy_kind = kind
 
         params = [p for p in policy.parameters() if p.requires_grad]
-        # fused: one kernel for the whole update on CUDA (same math as the default implementation)
-        optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, fused=cuda or None)
+        if cfg.optimizer_offload:  # the moments on the host: same AdamW arithmetic (agentrl/optim_offload.py)
+            from agentrl.optim_offload import OffloadedAdamW
+
+            optimizer: torch.optim.Optimizer = OffloadedAdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
+        else:  # fused: one kernel for the whole update on CUDA (same math as the default implementation)
+            optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, fused=cuda or None)
         from transformers import get_scheduler
 
         scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps)

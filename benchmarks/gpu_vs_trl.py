@@ -226,6 +226,11 @@ def worker(args: argparse.Namespace) -> None:
         import multiturn_bench
 
         result = multiturn_bench.sft(args.model, args.row, args.sft_seconds)
+    elif args.worker == "agentrl_offload":  # agentrl with AdamW's moments in host memory
+        os.environ["AGENTRL_BENCH_EXTRA"] = (os.environ.get("AGENTRL_BENCH_EXTRA", "") + " optimizer_offload=true").strip()
+        args.worker = "agentrl"
+        worker(args)
+        return
     elif args.row.startswith("mt"):  # multi-turn calculator row "mtPxG"
         import multiturn_bench
 
@@ -250,10 +255,7 @@ def table(results: list[dict[str, Any]]) -> str:
     mt = {row: pair for row, pair in by_row.items() if row.startswith("mt")}
     by_row = {row: pair for row, pair in by_row.items() if not row.startswith("mt")}
     for row, pair in by_row.items():
-        for name in ("trl", "agentrl"):
-            r = pair.get(name)
-            if r is None:
-                continue
+        for name, r in pair.items():
             if "error" in r:
                 lines.append(f"| {row} | {name} | failed: {r['error'][:80]} | | | | | | | |")
                 continue
@@ -262,8 +264,9 @@ def table(results: list[dict[str, Any]]) -> str:
             tok = r["sampled_tokens"]
             speed = mem = ""
             other = pair.get("trl")
-            if name == "agentrl" and other and "error" not in other:
-                speed = f"{other['step_s'] / r['step_s']:.2f}x faster"
+            if name != "trl" and other and "error" not in other:
+                v = other["step_s"] / r["step_s"]
+                speed = f"{v:.2f}x " + ("faster" if v >= 1 else "(slower)")
                 mem = f"{r['peak_gib'] / other['peak_gib']:.2f}x"
             lines.append(
                 f"| {row} | {name} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {tok / r['step_s']:,.0f} | "
@@ -276,10 +279,7 @@ def table(results: list[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for row, pair in mt.items():
-        for name in ("trl", "agentrl"):
-            r = pair.get(name)
-            if r is None:
-                continue
+        for name, r in pair.items():
             if "error" in r:
                 lines.append(f"| {row[2:]} | {name} | failed: {r['error'][:80]} | | | | | | | | |")
                 continue
@@ -289,9 +289,10 @@ def table(results: list[dict[str, Any]]) -> str:
             gen_eps = r["episodes"] / r["gen_s"]
             ratio = step_ratio = ""
             other = pair.get("trl")
-            if name == "agentrl" and other and "error" not in other:
+            if name != "trl" and other and "error" not in other:
                 ratio = f"{gen_eps / (other['episodes'] / other['gen_s']):.2f}x (rollout), {eps / (other['episodes'] / other['step_s']):.2f}x (step)"
-                step_ratio = f"{other['step_s'] / r['step_s']:.2f}x faster"
+                v = other["step_s"] / r["step_s"]
+                step_ratio = f"{v:.2f}x " + ("faster" if v >= 1 else "(slower)")
             lines.append(
                 f"| {row[2:]} | {name} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {eps:.1f} ({gen_eps:.1f} in rollout) | "
                 f"{r['tool_calls_per_episode']:.2f} | {r['reward']:.3f} | {r['peak_gib']:.2f} | {ratio} | {step_ratio} |"
@@ -309,8 +310,9 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model folder (default: build one; --cpu: the bundled model)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--sft-seconds", type=float, default=90, help="multi-turn rows: SFT time before the runs")
+    ap.add_argument("--logs", default=None, help="write each run's stderr to <logs>/<row>-<framework>.log")
     ap.add_argument("--sft-model", default=None, help="multi-turn rows: where the SFT model goes (default: a temp folder)")
-    ap.add_argument("--worker", choices=["agentrl", "trl", "sft"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["agentrl", "agentrl_offload", "trl", "sft"], help=argparse.SUPPRESS)
     ap.add_argument("--row", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -342,6 +344,9 @@ def main() -> None:
             cmd += ["--cpu"] if args.cpu else []
             t = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+            if args.logs:
+                Path(args.logs).mkdir(parents=True, exist_ok=True)
+                (Path(args.logs) / f"{row}-{fw}.log").write_text(proc.stdout + proc.stderr)
             found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
             if found:
                 result = json.loads(found[-1][7:])

@@ -127,6 +127,7 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         "logprob_chunk_size=256",
         *(["precision=bf16", "gradient_checkpointing=true", "generator.cuda_graphs=true", "generator.compile_decode=true"] if torch.cuda.is_available() else ["precision=fp32"]),
     ]
+    args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # e.g. optimizer_offload=true
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
