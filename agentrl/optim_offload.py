@@ -35,7 +35,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
         *,
-        bucket_numel: int = 1 << 25,
+        bucket_numel: int = 1 << 23,
     ) -> None:
         if bucket_numel < 1:
             raise ValueError(f"bucket_numel must be >= 1, got {bucket_numel}")

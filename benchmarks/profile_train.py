@@ -1,0 +1,64 @@
+"""Where the training phase of a step goes on CUDA: kernel time by kernel, against wall time.
+
+    python benchmarks/profile_train.py --model <folder> [--row 32x8x512]
+
+Runs two agentrl steps of the gpu_vs_trl.py single-turn setup and profiles the second step's
+training phase (log-probs, loss, backward, optimizer) with torch.profiler. Prints the wall time,
+the summed CUDA kernel time (the gap between the two is launch and host overhead), and the
+kernels that take the most time, so a change to the training path can be predicted and checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def main() -> None:
+    import gpu_vs_trl as bench
+
+    import agentrl.trainer as T
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--row", default="32x8x512")
+    ap.add_argument("--rows", type=int, default=18, help="kernels to list")
+    args = ap.parse_args()
+    P, G, N = (int(x) for x in args.row.split("x"))
+    calls = {"n": 0}
+    original = T.Trainer._optimize
+
+    def optimize(self, batch):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] != 2:
+            yield from original(self, batch)
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            out = list(original(self, batch))
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        events = prof.key_averages()
+        kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+        print(f"train phase (profiled) wall {wall:.2f} s; CUDA kernel time {kernel_us / 1e6:.2f} s", flush=True)
+        print(events.table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=70), flush=True)
+        yield from out
+
+    T.Trainer._optimize = optimize
+    os.environ.setdefault("AGENTRL_BENCH_EXTRA", "")
+    r = bench.run_agentrl(args.model, P, G, N, 2, cpu=False)
+    print({k: r[k] for k in ("step_s", "gen_s", "peak_gib")})
+
+
+if __name__ == "__main__":
+    main()
