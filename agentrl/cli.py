@@ -104,11 +104,10 @@ def cmd_check(args: list[str]) -> int:
 
 
 def cmd_eval(args: list[str]) -> int:
-    import anyio
-
     from agentrl.config import EvalConfig, build, parse_overrides, rollout_config
     from agentrl.evaluation import evaluate, format_summary, summarize, write_results
     from agentrl.registry import make
+    from agentrl.generators import run_with
     from agentrl.rollout.engine import RolloutEngine
 
     cfg = build(EvalConfig, parse_overrides(args))
@@ -128,7 +127,7 @@ def cmd_eval(args: list[str]) -> int:
             finally:
                 await generator.close()
 
-        groups, elapsed = anyio.run(run)
+        groups, elapsed = run_with(generator, run)
     summary = summarize(groups, cfg.k, cfg.pass_threshold, elapsed)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = write_results(cfg.output or f"outputs/eval-{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}", groups, summary, cfg.model_dump())

@@ -32,7 +32,7 @@ from agentrl.checkpoint import checkpoint_dir, load_checkpoint, resolve_resume, 
 from agentrl.config import require_backend, rollout_config
 from agentrl.dispatch import ToolRecord
 from agentrl.env import Reward, reward_context, score
-from agentrl.generators import build_generator
+from agentrl.generators import build_generator, run_with
 from agentrl.generators.vllm_common import push_weights
 from agentrl.logprobs import token_logprobs
 from agentrl.losses import group_advantages, policy_loss
@@ -194,7 +194,7 @@ class Trainer:
         n = self.cfg.num_generations if n is None else n
         engine = engine or self.engine
         self._generation_weights(present=True)
-        groups = anyio.run(lambda: engine.run(self.env, tasks, n=n, seed=seed))
+        groups = run_with(self.generator, lambda: engine.run(self.env, tasks, n=n, seed=seed))
         if self.cfg.generator.enable_sleep_mode:  # free vLLM's GPU memory for the training step
             self.generator.sleep()
         if torch.cuda.is_available() and hasattr(self.generator, "release_memory"):

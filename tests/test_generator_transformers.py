@@ -341,3 +341,55 @@ def test_sample_next_never_draws_a_zero_probability_token():
     gens = [torch.Generator().manual_seed(i) if i % 2 else None for i in range(n)]
     tokens, logprobs = sample_next(logits, mixed, gens)
     assert torch.isfinite(logprobs).all() and int(tokens.max()) <= 2
+
+
+def test_run_hosted_serves_batches_on_the_calling_thread(gen):
+    """run_hosted: the model runs on the caller's thread, the event loop on a helper; same results."""
+    import threading
+
+    seen: set[int] = set()
+    hook = gen.model.register_forward_hook(lambda *_: seen.add(threading.get_ident()))
+    params = SamplingParams(temperature=0, max_tokens=8)
+
+    async def main() -> list[Generation]:
+        out: list[Generation | None] = [None] * len(PROMPTS)
+
+        async def one(i: int) -> None:
+            out[i] = await gen.generate(PROMPTS[i], params)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(PROMPTS)):
+                tg.start_soon(one, i)
+        return out  # type: ignore[return-value]
+
+    try:
+        first = gen.run_hosted(lambda: anyio.run(main))
+        second = gen.run_hosted(lambda: anyio.run(main))  # hosting again after a finished rollout
+    finally:
+        hook.remove()
+    assert seen == {threading.get_ident()} and gen._thread is None
+    assert [r.token_ids for r in first] == [r.token_ids for r in second] == [hf_greedy(gen.model, p, 8) for p in PROMPTS]
+    assert gen.stats["batches"] == 2
+
+    async def boom() -> None:
+        await gen.generate(PROMPTS[0], params)
+        raise KeyError("from the event loop")
+
+    with pytest.raises(KeyError, match="from the event loop"):  # the helper's error reaches the caller
+        gen.run_hosted(lambda: anyio.run(boom))
+
+    async def close_inside() -> None:
+        await gen.close()
+
+    gen.run_hosted(lambda: anyio.run(close_inside))  # closing while hosted ends the serving loop
+    with pytest.raises(GeneratorClosedError):
+        anyio.run(gen.generate, PROMPTS[0], params)
+
+
+def test_run_hosted_falls_back_when_a_worker_thread_serves(gen):
+    params = SamplingParams(temperature=0, max_tokens=4)
+    anyio.run(gen.generate, PROMPTS[0], params)  # starts the worker thread
+    assert gen._thread is not None
+    result = gen.run_hosted(lambda: anyio.run(gen.generate, PROMPTS[1], params))
+    assert len(result.token_ids) == 4
+    anyio.run(gen.close)

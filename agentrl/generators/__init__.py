@@ -5,7 +5,23 @@ from typing import Any
 
 from agentrl.generators.base import FinishReason, Generation, Generator, SamplingParams
 
-__all__ = ["FinishReason", "Generation", "Generator", "SamplingParams", "build_generator"]
+__all__ = ["FinishReason", "Generation", "Generator", "SamplingParams", "build_generator", "run_with"]
+
+
+def run_with(generator: Any, fn: Any, *args: Any) -> Any:
+    """``anyio.run(fn, *args)``; a CPU transformers generator meanwhile runs its batches on this thread.
+
+    One thread for all torch work on CPU: a generator worker thread has its own OpenMP team, and
+    two live teams make every parallel op slower on a small machine
+    (``TransformersGenerator.run_hosted``). Train and eval both start rollouts through here.
+    """
+    import anyio
+
+    from agentrl.generators.transformers import TransformersGenerator
+
+    if isinstance(generator, TransformersGenerator) and generator.device.type == "cpu":
+        return generator.run_hosted(lambda: anyio.run(fn, *args))
+    return anyio.run(fn, *args)
 
 
 def build_generator(

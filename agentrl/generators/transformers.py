@@ -24,6 +24,7 @@ import anyio
 import torch
 
 from agentrl.generators.base import FinishReason, Generation, SamplingParams
+from agentrl.generators.sampling import sample_next
 
 __all__ = ["GenerationError", "GeneratorClosedError", "TransformersGenerator", "sample_next"]
 
@@ -68,108 +69,6 @@ class _Request:
             self.notify(self.done.set)
         except RuntimeError:
             pass
-
-
-def _filter_logits(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """Mask (with -inf) what top-k, top-p and min-p remove from tempered logits, row by row."""
-    rows, vocab = x.shape
-    dev = x.device
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev).clamp(max=vocab)
-    top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=torch.float32)
-    if any(p.top_k > 0 or p.top_p < 1 for p in params):
-        sorted_x, order = x.sort(dim=-1, descending=True)
-        remove = torch.arange(vocab, device=dev)[None, :] >= top_k[:, None]
-        probs = sorted_x.masked_fill(remove, -math.inf).softmax(-1)
-        mass_before = probs.cumsum(-1) - probs  # keep the smallest prefix whose mass reaches top_p
-        remove |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
-        remove[:, 0] = False
-        x = x.masked_fill(torch.empty_like(remove).scatter_(1, order, remove), -math.inf)
-    if any(p.min_p > 0 for p in params):
-        # p_i >= min_p * p_max  <=>  x_i - x_max >= log(min_p); a ratio, so renormalising can't change it.
-        log_min_p = torch.tensor([p.min_p for p in params], device=dev, dtype=torch.float32).log()
-        x = x.masked_fill(x - x.max(-1, keepdim=True).values < log_min_p[:, None], -math.inf)
-    return x
-
-
-def sample_next(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row under that row's settings; return ``(tokens, logprobs)``.
-
-    The logprob is that of the token under the distribution it was drawn from: ``logits / T``,
-    then top-k, top-p, min-p, renormalised. Greedy rows (``T == 0``) report ``log_softmax(logits)``
-    of the argmax, i.e. temperature 1 with no filtering, the natural reference for a trainer.
-    Seeded rows draw from their own (CPU) ``torch.Generator`` so they don't depend on batch companions.
-    """
-    logits = logits.float()
-    n = logits.shape[0]
-    first = params[0]
-    if first.temperature > 0 and all(g is None for g in generators) and all(
-        p.temperature == first.temperature and p.top_k == first.top_k and p.top_p == first.top_p and p.min_p == first.min_p
-        for p in params
-    ):  # the common case: one setting for the whole batch, no per-row seeds -> no index juggling
-        x = logits / first.temperature
-        if first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
-            x = _filter_logits(x, params)
-        return _race(x.log_softmax(-1))
-    tokens = torch.empty(n, dtype=torch.long, device=logits.device)
-    logprobs = torch.empty(n, dtype=torch.float32, device=logits.device)
-    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
-    sampled = [i for i, p in enumerate(params) if p.temperature != 0]
-    if greedy:
-        idx = torch.tensor(greedy, device=logits.device)
-        rows = logits[idx]
-        tok = rows.argmax(-1)
-        tokens[idx] = tok
-        logprobs[idx] = rows.log_softmax(-1).gather(1, tok[:, None]).squeeze(1)
-    if sampled:
-        idx = torch.tensor(sampled, device=logits.device)
-        temps = torch.tensor([params[i].temperature for i in sampled], device=logits.device)
-        logp = _filter_logits(logits[idx] / temps[:, None], [params[i] for i in sampled]).log_softmax(-1)
-        seeded = [j for j, i in enumerate(sampled) if generators[i] is not None]
-        shared = [j for j, i in enumerate(sampled) if generators[i] is None]
-        if shared:  # unseeded rows: the global device RNG
-            at = torch.tensor([sampled[j] for j in shared], device=logits.device)
-            tokens[at], logprobs[at] = _race(logp[torch.tensor(shared, device=logits.device)])
-        if seeded:
-            # a seeded row takes one uniform from its own CPU generator (cheap, the same on every
-            # device) and inverts the CDF with it, so it doesn't depend on its batch companions
-            draws = [torch.rand(1, generator=generators[sampled[j]]).item() for j in seeded]
-            at = torch.tensor([sampled[j] for j in seeded], device=logits.device)
-            rows = logp[torch.tensor(seeded, device=logits.device)]
-            tokens[at], logprobs[at] = _draw(rows, torch.tensor(draws, device=logits.device))
-    return tokens, logprobs
-
-
-def _race(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gumbel-max sampling: ``argmax(logp + Gumbel noise)`` is a draw from ``softmax(logp)``.
-
-    Unlike inverting a cumulative sum, a zero-probability token (``-inf``) can never win, whatever
-    the rounding; and it is a handful of element-wise kernels and one argmax, no scan.
-    """
-    noise = torch.rand_like(logp).log_().neg_().log_()  # log(-log u); u = 0 gives +inf: that token loses
-    choice = (logp - noise).argmax(-1)
-    return choice, logp.gather(1, choice[:, None]).squeeze(1)
-
-
-def _draw(logp: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inverse-CDF sampling, one uniform per row: the chosen tokens and their log-probabilities.
-
-    A parallel cumulative sum is not exactly monotone (its partial sums round differently across
-    blocks), so the target can land on a zero-probability token; such a row takes the nearest
-    token with probability above zero instead (rare; costs a host sync only then).
-    """
-    cdf = logp.exp().cumsum(-1)
-    target = (1 - u) * cdf[:, -1]  # in (0, total]
-    choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=cdf.shape[1] - 1)
-    chosen = logp.gather(1, choice[:, None]).squeeze(1)
-    bad = torch.isneginf(chosen)
-    if bool(bad.any()):
-        for r in bad.nonzero().flatten().tolist():
-            possible = torch.isfinite(logp[r]).nonzero().flatten()
-            choice[r] = possible[(possible - choice[r]).abs().argmin()]
-        chosen = logp.gather(1, choice[:, None]).squeeze(1)
-    return choice, chosen
 
 
 def _suppress_early_stops(
@@ -274,6 +173,7 @@ class TransformersGenerator:
         self._pending: deque[_Request] = deque()
         self._weights_lock = threading.Lock()  # held for a whole batch, so weights never change mid-batch
         self._thread: threading.Thread | None = None
+        self._host: threading.Event | None = None  # set while run_hosted serves batches on its caller's thread
         self._closed = False
         # Static cache + CUDA graphs only when asked for (see static_decode.py and
         # docs/performance.md: a training run with it turned the policy non-finite after two
@@ -338,7 +238,7 @@ class TransformersGenerator:
         with self._cond:
             if self._closed:
                 raise GeneratorClosedError("TransformersGenerator is closed")
-            if self._thread is None:
+            if self._thread is None and self._host is None:
                 self._thread = threading.Thread(target=self._worker, name="TransformersGenerator", daemon=True)
                 self._thread.start()
             self._pending.append(req)
@@ -392,14 +292,75 @@ class TransformersGenerator:
     # ----------------------------------------------------------------- model thread
 
     def _worker(self) -> None:
-        """Gather queued requests into batches and run them until closed."""
+        self._serve(None)
+
+    def run_hosted(self, fn: Callable[[], Any]) -> Any:
+        """Call ``fn`` on a helper thread while the calling thread runs the batches; return its result.
+
+        ``fn`` runs an event loop that awaits ``generate`` (e.g. ``lambda: anyio.run(...)``). Why:
+        on CPU, OpenMP gives every thread that runs parallel ops its own team of workers; with
+        two live teams on a small machine libgomp stops spinning and wakes its workers through the
+        kernel on every op. Measured on 2 cores: a [64, 256] x [256, 1024] linear 100 -> 180 us,
+        a whole ``generate`` 0.61 -> 0.94 s when run off the thread that loaded the model. The
+        trainer does its torch work on the main thread, so it serves generation there too.
+        If a worker thread already serves this generator (it was used outside ``run_hosted``),
+        ``fn`` simply runs here and the worker keeps serving.
+        """
+        with self._cond:
+            if self._host is not None:
+                raise RuntimeError("run_hosted: this generator is already hosted by another thread")
+            if self._thread is not None:
+                until = None
+            else:
+                until = self._host = threading.Event()
+        if until is None:
+            return fn()
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+                box["error"] = exc
+            finally:
+                with self._cond:
+                    until.set()
+                    self._cond.notify_all()
+
+        helper = threading.Thread(target=target, name="agentrl-event-loop", daemon=True)
+        helper.start()
+        try:
+            self._serve(until)
+        except BaseException:
+            self._fail_pending(GeneratorClosedError("the thread serving this generator was interrupted"))
+            helper.join(timeout=5)
+            raise
+        finally:
+            with self._cond:
+                self._host = None
+        helper.join()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _fail_pending(self, error: BaseException) -> None:
+        with self._cond:
+            leftovers, self._pending = list(self._pending), deque()
+        for req in leftovers:
+            req.error = error
+            req.resolve()
+
+    def _serve(self, until: threading.Event | None) -> None:
+        """Gather queued requests into batches and run them until closed (or ``until`` is set)."""
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
+                while not self._pending and not self._closed and not (until is not None and until.is_set()):
                     self._cond.wait()
                 if self._closed:
                     leftovers, self._pending = list(self._pending), deque()
                     break
+                if not self._pending:  # ``until`` is set and nothing is left to serve
+                    return
                 # Gather until requests stop arriving for gather_window_s (episodes reach their
                 # first generate call one render apart), but never longer than max_gather_s.
                 cap = self._pending[0].arrived + self.max_gather_s
@@ -424,10 +385,13 @@ class TransformersGenerator:
 
     def _run_batch(self, batch: list[_Request]) -> None:
         """Decode one batch; a failure fails only these requests, never the worker."""
+        interrupted: BaseException | None = None
         try:
             with self._weights_lock, torch.inference_mode(), self._attention_backends():
                 results = self._decode(batch)
-        except Exception as exc:  # noqa: BLE001 - handed to the callers
+        except BaseException as exc:  # noqa: BLE001 - handed to the callers (and re-raised if not an Exception)
+            if not isinstance(exc, Exception):
+                interrupted = exc  # KeyboardInterrupt on a hosting thread: the callers must still wake up
             if exc.__traceback__ is not None:
                 traceback.clear_frames(exc.__traceback__)  # free the batch's tensors (think OOM)
             for req in batch:
@@ -441,6 +405,8 @@ class TransformersGenerator:
         self.stats["batch_sizes"].append(len(batch))
         for req in batch:
             req.resolve()
+        if interrupted is not None:
+            raise interrupted
 
     def _forward(self, input_ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any) -> torch.Tensor:
         """One forward pass that grows ``cache`` in place; returns the last position's logits."""

@@ -1,0 +1,118 @@
+"""Drawing the next token from a batch of logits, each row under its own sampling settings.
+
+Why a module of its own: the transformers generator's decode loops (dynamic and static cache)
+share it, and it is where a sampler can silently go wrong (a token of probability zero, a filter
+applied in another order), so it is tested on its own (tests/test_generator_transformers.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from agentrl.generators.base import SamplingParams
+
+__all__ = ["sample_next"]
+
+
+def _filter_logits(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Mask (with -inf) what top-k, top-p and min-p remove from tempered logits, row by row."""
+    rows, vocab = x.shape
+    dev = x.device
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev).clamp(max=vocab)
+    top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=torch.float32)
+    if any(p.top_k > 0 or p.top_p < 1 for p in params):
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        remove = torch.arange(vocab, device=dev)[None, :] >= top_k[:, None]
+        probs = sorted_x.masked_fill(remove, -math.inf).softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # keep the smallest prefix whose mass reaches top_p
+        remove |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1)
+        remove[:, 0] = False
+        x = x.masked_fill(torch.empty_like(remove).scatter_(1, order, remove), -math.inf)
+    if any(p.min_p > 0 for p in params):
+        # p_i >= min_p * p_max  <=>  x_i - x_max >= log(min_p); a ratio, so renormalising can't change it.
+        log_min_p = torch.tensor([p.min_p for p in params], device=dev, dtype=torch.float32).log()
+        x = x.masked_fill(x - x.max(-1, keepdim=True).values < log_min_p[:, None], -math.inf)
+    return x
+
+
+def sample_next(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row under that row's settings; return ``(tokens, logprobs)``.
+
+    The logprob is that of the token under the distribution it was drawn from: ``logits / T``,
+    then top-k, top-p, min-p, renormalised. Greedy rows (``T == 0``) report ``log_softmax(logits)``
+    of the argmax, i.e. temperature 1 with no filtering, the natural reference for a trainer.
+    Seeded rows draw from their own (CPU) ``torch.Generator`` so they don't depend on batch companions.
+    """
+    logits = logits.float()
+    n = logits.shape[0]
+    first = params[0]
+    if first.temperature > 0 and all(g is None for g in generators) and all(
+        p.temperature == first.temperature and p.top_k == first.top_k and p.top_p == first.top_p and p.min_p == first.min_p
+        for p in params
+    ):  # the common case: one setting for the whole batch, no per-row seeds -> no index juggling
+        x = logits / first.temperature
+        if first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
+            x = _filter_logits(x, params)
+        return _race(x.log_softmax(-1))
+    tokens = torch.empty(n, dtype=torch.long, device=logits.device)
+    logprobs = torch.empty(n, dtype=torch.float32, device=logits.device)
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    sampled = [i for i, p in enumerate(params) if p.temperature != 0]
+    if greedy:
+        idx = torch.tensor(greedy, device=logits.device)
+        rows = logits[idx]
+        tok = rows.argmax(-1)
+        tokens[idx] = tok
+        logprobs[idx] = rows.log_softmax(-1).gather(1, tok[:, None]).squeeze(1)
+    if sampled:
+        idx = torch.tensor(sampled, device=logits.device)
+        temps = torch.tensor([params[i].temperature for i in sampled], device=logits.device)
+        logp = _filter_logits(logits[idx] / temps[:, None], [params[i] for i in sampled]).log_softmax(-1)
+        seeded = [j for j, i in enumerate(sampled) if generators[i] is not None]
+        shared = [j for j, i in enumerate(sampled) if generators[i] is None]
+        if shared:  # unseeded rows: the global device RNG
+            at = torch.tensor([sampled[j] for j in shared], device=logits.device)
+            tokens[at], logprobs[at] = _race(logp[torch.tensor(shared, device=logits.device)])
+        if seeded:
+            # a seeded row takes one uniform from its own CPU generator (cheap, the same on every
+            # device) and inverts the CDF with it, so it doesn't depend on its batch companions
+            draws = [torch.rand(1, generator=generators[sampled[j]]).item() for j in seeded]
+            at = torch.tensor([sampled[j] for j in seeded], device=logits.device)
+            rows = logp[torch.tensor(seeded, device=logits.device)]
+            tokens[at], logprobs[at] = _draw(rows, torch.tensor(draws, device=logits.device))
+    return tokens, logprobs
+
+
+def _race(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gumbel-max sampling: ``argmax(logp + Gumbel noise)`` is a draw from ``softmax(logp)``.
+
+    Unlike inverting a cumulative sum, a zero-probability token (``-inf``) can never win, whatever
+    the rounding; and it is a handful of element-wise kernels and one argmax, no scan.
+    """
+    noise = torch.rand_like(logp).log_().neg_().log_()  # log(-log u); u = 0 gives +inf: that token loses
+    choice = (logp - noise).argmax(-1)
+    return choice, logp.gather(1, choice[:, None]).squeeze(1)
+
+
+def _draw(logp: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse-CDF sampling, one uniform per row: the chosen tokens and their log-probabilities.
+
+    A parallel cumulative sum is not exactly monotone (its partial sums round differently across
+    blocks), so the target can land on a zero-probability token; such a row takes the nearest
+    token with probability above zero instead (rare; costs a host sync only then).
+    """
+    cdf = logp.exp().cumsum(-1)
+    target = (1 - u) * cdf[:, -1]  # in (0, total]
+    choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp(max=cdf.shape[1] - 1)
+    chosen = logp.gather(1, choice[:, None]).squeeze(1)
+    bad = torch.isneginf(chosen)
+    if bool(bad.any()):
+        for r in bad.nonzero().flatten().tolist():
+            possible = torch.isfinite(logp[r]).nonzero().flatten()
+            choice[r] = possible[(possible - choice[r]).abs().argmin()]
+        chosen = logp.gather(1, choice[:, None]).squeeze(1)
+    return choice, chosen
