@@ -114,7 +114,7 @@ class OffloadedAdamW(torch.optim.Optimizer):
                 m: list[torch.Tensor], v: list[torch.Tensor], steps: list[torch.Tensor], fused: bool) -> None:
         beta1, beta2 = group["betas"]
         _adam(
-            ps, grads, m, v, [], steps, foreach=False if not fused else None, fused=fused or None,
+            ps, grads, m, v, [], steps, foreach=False, fused=fused or None,
             decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
             weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
         )
@@ -135,13 +135,13 @@ class OffloadedAdamW(torch.optim.Optimizer):
             size = min(self.bucket_numel, sum(p.numel() for p in ps))
             self._buffers[device] = [torch.empty((2, size), dtype=torch.float32, device=device) for _ in range(2)]
         buffers = self._buffers[device]
+        if any(p.dtype != torch.float32 for p in ps):
+            raise RuntimeError("OffloadedAdamW keeps float32 moments: parameters must be float32 (master weights)")
         h2d, d2h = torch.cuda.Stream(device), torch.cuda.Stream(device)
         h2d.wait_stream(compute)  # gradients are ready
         freed: list[torch.cuda.Event | None] = [None, None]  # buffer i may be overwritten after this
         for k, bucket in enumerate(self._slices(ps)):
             buf = buffers[k % 2]
-            if buf.dtype != ps[0].dtype:
-                raise RuntimeError("OffloadedAdamW keeps float32 moments: parameters must be float32 (master weights)")
             m_views, v_views, offset = [], [], 0
             with torch.cuda.stream(h2d):
                 if freed[k % 2] is not None:

@@ -121,7 +121,7 @@ class Trainer:
         else:
             if cuda and bf16 and kind == "full":
                 # Decode from a bf16 copy rather than the fp32 master weights under autocast: half the
-                # bytes read per token and no per-step weight casts. Synced after every optimizer step.
+                # bytes read per token and no per-step weight casts. Cast again before every rollout.
                 gen_model = copy.deepcopy(gen_model).to(torch.bfloat16).eval().requires_grad_(False)
                 self._generation_copy = gen_model
             self.generator = build_generator(

@@ -244,6 +244,17 @@ def worker(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def _label(name: str, r: dict[str, Any]) -> str:
+    """The framework cell: its name, plus any steps the trainer skipped for a non-finite gradient."""
+    return name + (f" ({r['skipped_steps']} non-finite steps skipped)" if r.get("skipped_steps") else "")
+
+
+def _times(other: dict[str, Any], r: dict[str, Any]) -> str:
+    """TRL's step time over this framework's, worded so a ratio below 1 reads as slower."""
+    v = other["step_s"] / r["step_s"]
+    return f"{v:.2f}x " + ("faster" if v >= 1 else "(slower)")
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
         "| P x G x N | framework | step s | gen s | train s | generated tok/s (over the step) | trained tok/s (train phase) | peak GiB | agentrl/TRL speed | agentrl/TRL memory |",
@@ -259,17 +270,14 @@ def table(results: list[dict[str, Any]]) -> str:
             if "error" in r:
                 lines.append(f"| {row} | {name} | failed: {r['error'][:80]} | | | | | | | |")
                 continue
-            if r.get("skipped_steps"):
-                name += f" ({r['skipped_steps']} non-finite steps skipped)"
             tok = r["sampled_tokens"]
             speed = mem = ""
             other = pair.get("trl")
             if name != "trl" and other and "error" not in other:
-                v = other["step_s"] / r["step_s"]
-                speed = f"{v:.2f}x " + ("faster" if v >= 1 else "(slower)")
+                speed = _times(other, r)
                 mem = f"{r['peak_gib'] / other['peak_gib']:.2f}x"
             lines.append(
-                f"| {row} | {name} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {tok / r['step_s']:,.0f} | "
+                f"| {row} | {_label(name, r)} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {tok / r['step_s']:,.0f} | "
                 f"{tok / max(r['train_s'], 1e-9):,.0f} | {r['peak_gib']:.2f} | {speed} | {mem} |"
             )
     if mt:
@@ -283,18 +291,15 @@ def table(results: list[dict[str, Any]]) -> str:
             if "error" in r:
                 lines.append(f"| {row[2:]} | {name} | failed: {r['error'][:80]} | | | | | | | | |")
                 continue
-            if r.get("skipped_steps"):
-                name += f" ({r['skipped_steps']} non-finite steps skipped)"
             eps = r["episodes"] / r["step_s"]
             gen_eps = r["episodes"] / r["gen_s"]
             ratio = step_ratio = ""
             other = pair.get("trl")
             if name != "trl" and other and "error" not in other:
                 ratio = f"{gen_eps / (other['episodes'] / other['gen_s']):.2f}x (rollout), {eps / (other['episodes'] / other['step_s']):.2f}x (step)"
-                v = other["step_s"] / r["step_s"]
-                step_ratio = f"{v:.2f}x " + ("faster" if v >= 1 else "(slower)")
+                step_ratio = _times(other, r)
             lines.append(
-                f"| {row[2:]} | {name} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {eps:.1f} ({gen_eps:.1f} in rollout) | "
+                f"| {row[2:]} | {_label(name, r)} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {eps:.1f} ({gen_eps:.1f} in rollout) | "
                 f"{r['tool_calls_per_episode']:.2f} | {r['reward']:.3f} | {r['peak_gib']:.2f} | {ratio} | {step_ratio} |"
             )
     return "\n".join(lines)

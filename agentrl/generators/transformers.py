@@ -176,8 +176,8 @@ class TransformersGenerator:
         self._host: threading.Event | None = None  # set while run_hosted serves batches on its caller's thread
         self._closed = False
         # Static cache + CUDA graphs only when asked for (see static_decode.py and
-        # docs/performance.md: a training run with it turned the policy non-finite after two
-        # optimizer steps on an H200, cause not yet found); otherwise the dynamic cache.
+        # docs/performance.md: an earlier training run with it turned non-finite, which has not been
+        # reproduced since and whose cause is not established); otherwise the dynamic cache.
         from agentrl.generators.static_decode import StaticDecoder
 
         want_static = bool(static_cache)
@@ -357,7 +357,6 @@ class TransformersGenerator:
                 while not self._pending and not self._closed and not (until is not None and until.is_set()):
                     self._cond.wait()
                 if self._closed:
-                    leftovers, self._pending = list(self._pending), deque()
                     break
                 if not self._pending:  # ``until`` is set and nothing is left to serve
                     return
@@ -379,9 +378,7 @@ class TransformersGenerator:
                         batch.append(req)
             if batch:
                 self._run_batch(batch)
-        for req in leftovers:
-            req.error = GeneratorClosedError("TransformersGenerator was closed before this request ran")
-            req.resolve()
+        self._fail_pending(GeneratorClosedError("TransformersGenerator was closed before this request ran"))
 
     def _run_batch(self, batch: list[_Request]) -> None:
         """Decode one batch; a failure fails only these requests, never the worker."""
