@@ -81,27 +81,83 @@ def token_logprobs(
     if position_ids is None:
         position_ids = positions_from_mask(attention_mask)
 
-    decoder = model.get_decoder()
-    head = model.get_output_embeddings()
-    if decoder is None or head is None:
-        raise TypeError(f"{type(model).__name__} exposes no decoder/output head (get_decoder/get_output_embeddings)")
+    decoder, _ = _parts(model)
     out = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **model_kwargs
     )
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     hidden = hidden[:, L - K - 1 : L - 1].reshape(B * K, -1)  # position p predicts token p + 1
     targets = input_ids[:, L - K :].reshape(B * K)
-    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
 
+    logprobs, entropy = _chunked_head(model, hidden, targets, temperature, chunk_size, return_entropy)
+    if return_entropy:
+        return logprobs.view(B, K), entropy.view(B, K)
+    return logprobs.view(B, K)
+
+
+def completion_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    starts: torch.Tensor,
+    width: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities [B, width] of each row's completion, for right-padded rows.
+
+    Row ``b`` is ``prompt + completion + padding`` with its completion starting at ``starts[b]``;
+    ``out[b, j]`` is ``log p(input_ids[b, starts[b] + j] | input_ids[b, :starts[b] + j])`` (columns
+    past a row's completion hold junk the caller masks). Why a layout of its own: with every row
+    starting at column 0 and padding only at the end, causal attention alone keeps real tokens
+    from seeing padding, so the decoder runs with no attention mask at all. Left padding needs a
+    mask in which the padding queries see no key; on an H100 the bf16 backward of
+    scaled-dot-product attention turned such fully masked rows into non-finite gradients for the
+    whole micro-batch (multi-turn batches, whose prompts differ by tens of tokens; float32 and
+    right padding were finite). No mask also lets SDPA pick its causal flash kernel.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (log-probs of greedy sampling are not defined), got {temperature}")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    B, L = input_ids.shape
+    starts = starts.to(device=input_ids.device, dtype=torch.long)
+    if starts.shape != (B,) or bool((starts < 1).any()) or bool((starts >= L).any()):
+        raise ValueError(f"starts must be [B]={B} with 1 <= start < {L}, got {starts.tolist()}")
+    decoder, head = _parts(model)
+    out = decoder(input_ids=input_ids, use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    cols = (starts[:, None] + torch.arange(width, device=input_ids.device)[None, :]).clamp(max=L - 1)  # [B, width]
+    rows = torch.arange(B, device=input_ids.device)[:, None]
+    h = hidden[rows, cols - 1].reshape(B * width, -1)  # position p predicts token p + 1
+    targets = input_ids[rows, cols].reshape(B * width)
+    logprobs, entropy = _chunked_head(model, h, targets, temperature, chunk_size, return_entropy)
+    if return_entropy:
+        return logprobs.view(B, width), entropy.view(B, width)
+    return logprobs.view(B, width)
+
+
+def _parts(model: Any) -> tuple[Any, Any]:
+    decoder = model.get_decoder()
+    head = model.get_output_embeddings()
+    if decoder is None or head is None:
+        raise TypeError(f"{type(model).__name__} exposes no decoder/output head (get_decoder/get_output_embeddings)")
+    return decoder, head
+
+
+def _chunked_head(
+    model: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size: int, want_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N] log-probs (and entropies) of ``targets`` from [N, H] hidden states, ``chunk_size`` rows at a time."""
+    head = model.get_output_embeddings()
+    softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     grad = torch.is_grad_enabled()  # then checkpoint even if only the head is trainable
     token_chunks, entropy_chunks = [], []
-    for start in range(0, B * K, chunk_size):
+    for start in range(0, hidden.shape[0], chunk_size):
         h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
-        args = (h, t, head, temperature, softcap, return_entropy)
+        args = (h, t, head, temperature, softcap, want_entropy)
         tok, ent = checkpoint(_head_chunk, *args, use_reentrant=False) if grad else _head_chunk(*args)
         token_chunks.append(tok)
         entropy_chunks.append(ent)
-    logprobs = torch.cat(token_chunks).view(B, K)
-    if return_entropy:
-        return logprobs, torch.cat(entropy_chunks).view(B, K)
-    return logprobs
+    return torch.cat(token_chunks), torch.cat(entropy_chunks)

@@ -137,3 +137,70 @@ def test_entropy_is_a_diagnostic_without_gradient(batch):
     assert lp.requires_grad and not ent.requires_grad
     lp.sum().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def _layouts(rows: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, ...]:
+    """The same (prompt, completion) rows left-padded (prompts) + right-padded (completions), and right-padded only."""
+    P = max(len(p) for p, _ in rows)
+    C = max(len(c) for _, c in rows)
+    left = torch.zeros((len(rows), P + C), dtype=torch.long)
+    attn = torch.zeros_like(left)
+    right = torch.zeros((len(rows), max(len(p) + len(c) for p, c in rows)), dtype=torch.long)
+    for i, (p, c) in enumerate(rows):
+        left[i, P - len(p) : P + len(c)] = torch.tensor(p + c)
+        attn[i, P - len(p) : P + len(c)] = 1
+        right[i, : len(p) + len(c)] = torch.tensor(p + c)
+    starts = torch.tensor([len(p) for p, _ in rows])
+    return left, attn, right, starts, C
+
+
+def test_completion_logprobs_match_left_padded_layout():
+    """Right-padded rows with no attention mask give the log-probs of the left-padded layout (fp32, 1e-5)."""
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    for p_len, c_len in [(3, 9), (14, 2), (7, 7), (1, 12)]:
+        ids = torch.randint(0, 128, (p_len + c_len,), generator=g).tolist()
+        rows.append((ids[:p_len], ids[p_len:]))
+    left, attn, right, starts, C = _layouts(rows)
+    model = tiny_model()
+    from agentrl.logprobs import completion_logprobs
+
+    with torch.no_grad():
+        ref, ref_ent = token_logprobs(model, left, attn, logits_to_keep=C, temperature=0.8, chunk_size=5, return_entropy=True)
+        lp, ent = completion_logprobs(model, right, starts, C, temperature=0.8, chunk_size=5, return_entropy=True)
+    for i, (_, c) in enumerate(rows):
+        torch.testing.assert_close(lp[i, : len(c)], ref[i, : len(c)], atol=1e-5, rtol=0)
+        torch.testing.assert_close(ent[i, : len(c)], ref_ent[i, : len(c)], atol=1e-5, rtol=0)
+    # gradients flow to the policy, and only through the completion columns asked for
+    lp = completion_logprobs(model, right, starts, C)
+    mask = torch.zeros_like(lp)
+    for i, (_, c) in enumerate(rows):
+        mask[i, : len(c)] = 1
+    torch.where(mask > 0, lp, 0.0).sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with pytest.raises(ValueError, match="starts"):
+        completion_logprobs(model, right, torch.tensor([0, 1, 1, 1]), C)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_backward_finite_with_long_left_prompts_gap():
+    """Regression (H100, multi-turn calculator): rows whose prompts differ by tens of tokens made the
+    bf16 backward of the left-padded layout non-finite; the right-padded layout must stay finite."""
+    from agentrl.logprobs import completion_logprobs
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=512)
+    model = transformers.Qwen2ForCausalLM(cfg).cuda().train()
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for p_len in [250, 250, 206, 206, 206, 210, 250, 206]:
+        ids = torch.randint(0, 1024, (p_len + 70,), generator=g).tolist()
+        rows.append((ids[:p_len], ids[p_len:]))
+    _, _, right, starts, C = _layouts(rows)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        lp = completion_logprobs(model, right.cuda(), starts.cuda(), C)
+    lp.sum().backward()
+    assert torch.isfinite(lp).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
