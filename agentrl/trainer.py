@@ -34,7 +34,7 @@ from agentrl.dispatch import ToolRecord
 from agentrl.env import Reward, reward_context, score
 from agentrl.generators import build_generator, run_with
 from agentrl.generators.vllm_common import push_weights
-from agentrl.logprobs import token_logprobs
+from agentrl.logprobs import completion_logprobs
 from agentrl.losses import group_advantages, policy_loss
 from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
@@ -273,24 +273,27 @@ class Trainer:
             t.reward += total
 
     def _collate(self, rows: list[tuple[Any, float, bool]]) -> dict[str, Any]:
-        """Left-padded prompts, right-padded completions, so completions align for ``logits_to_keep``."""
-        P = max(len(s.prompt_ids) for s, _, _ in rows)
+        """Right-padded rows (prompt, completion, padding) with [B, C] completion-aligned tensors.
+
+        Padding only at the end lets the decoder run without an attention mask (see
+        ``completion_logprobs``): left padding made bf16 gradients non-finite on an H100.
+        """
         C = max(len(s.completion_ids) for s, _, _ in rows)
+        W = max(len(s.prompt_ids) + len(s.completion_ids) for s, _, _ in rows)
         B = len(rows)
-        ids = torch.full((B, P + C), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, P + C), dtype=torch.long)
+        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, C), dtype=torch.float32)
         sampler = torch.zeros((B, C), dtype=torch.float32)
         for i, (s, _, _) in enumerate(rows):
             p, c = len(s.prompt_ids), len(s.completion_ids)
-            ids[i, P - p : P] = torch.tensor(s.prompt_ids)
-            ids[i, P : P + c] = torch.tensor(s.completion_ids)
-            attn[i, P - p : P + c] = 1
+            ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
             mask[i, :c] = torch.tensor(s.loss_mask, dtype=torch.float32)
             sampler[i, :c] = torch.tensor(s.logprobs, dtype=torch.float32)
         return {
             "input_ids": ids,
-            "attention_mask": attn,
+            "starts": torch.tensor([len(s.prompt_ids) for s, _, _ in rows]),
+            "lengths": torch.tensor([len(s.prompt_ids) + len(s.completion_ids) for s, _, _ in rows]),
+            "completion_lens": torch.tensor([len(s.completion_ids) for s, _, _ in rows]),
             "mask": mask,
             "sampler_logprobs": sampler,
             "advantages": torch.tensor([a for _, a, _ in rows], dtype=torch.float32),
@@ -303,16 +306,12 @@ class Trainer:
 
     def _logprobs(self, model: Any, batch: dict[str, Any], idx: torch.Tensor, entropy: bool = False) -> Any:
         dev = self.accelerator.device
-        ids = batch["input_ids"][idx].to(dev)
-        attn = batch["attention_mask"][idx].to(dev)
-        # trim columns that are padding for every row of this micro-batch
-        width = int(attn.sum(0).nonzero().max()) + 1
-        start = int(attn.sum(0).nonzero().min())
-        keep = batch["completion_len"] - (ids.shape[1] - width)
-        ids, attn = ids[:, start:width], attn[:, start:width]
+        width = int(batch["lengths"][idx].max())  # trim padding every row of this micro-batch has
+        keep = int(batch["completion_lens"][idx].max())
+        ids = batch["input_ids"][idx, :width].to(dev)
         with self.accelerator.autocast():
-            out = token_logprobs(
-                model, ids, attn, logits_to_keep=keep, temperature=self.cfg.sampling.temperature,
+            out = completion_logprobs(
+                model, ids, batch["starts"][idx].to(dev), keep, temperature=self.cfg.sampling.temperature,
                 chunk_size=self.cfg.logprob_chunk_size, return_entropy=entropy,
             )
         return out, keep

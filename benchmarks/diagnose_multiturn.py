@@ -61,14 +61,14 @@ def main() -> None:
 
     T.Trainer._make_batch = make_batch
 
-    orig_tlp = T.token_logprobs
+    orig_tlp = T.completion_logprobs
 
-    def token_logprobs(model: Any, ids: torch.Tensor, attn: torch.Tensor, **kw: Any) -> Any:
+    def completion_logprobs(model: Any, ids: torch.Tensor, starts: torch.Tensor, width: int, **kw: Any) -> Any:
         if torch.is_grad_enabled():
-            state["inputs"] = (ids.detach().clone(), attn.detach().clone(), dict(kw))
-        return orig_tlp(model, ids, attn, **kw)
+            state["inputs"] = (ids.detach().clone(), starts.detach().clone(), dict(kw, width=width))
+        return orig_tlp(model, ids, starts, width, **kw)
 
-    T.token_logprobs = token_logprobs
+    T.completion_logprobs = completion_logprobs
 
     orig_loss = T.policy_loss
 
@@ -107,20 +107,19 @@ def main() -> None:
     accelerate.Accelerator.backward = backward
 
     def analyse(trainer: Any, policy: torch.nn.Module) -> None:
-        ids, attn, kw = state["inputs"]
+        ids, starts, kw = state["inputs"]
         li = state["loss_inputs"]
         saved = {n: p.grad.clone() if p.grad is not None else None for n, p in policy.named_parameters()}
         out_dir = os.environ.get("OUT")
         if out_dir:
-            torch.save({"ids": ids.cpu(), "attn": attn.cpu(), "kw": {k: v for k, v in kw.items() if not callable(v)},
+            torch.save({"ids": ids.cpu(), "starts": starts.cpu(), "kw": {k: v for k, v in kw.items() if not callable(v)},
                         **{k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in li.items()}},
                        os.path.join(out_dir, f"bad_batch_{mode}.pt"))
-        keep = kw["logits_to_keep"]
         mask = li["mask"]
         for r in range(ids.shape[0]):
             act = mask[r] > 0
             lp_r, smp_r = li["lp"][r], li["sampler"][r] if li["sampler"] is not None else None
-            say(f"    row {r}: tokens={int(attn[r].sum())} width={ids.shape[1]} active={int(act.sum())} "
+            say(f"    row {r}: prompt={int(starts[r])} width={ids.shape[1]} active={int(act.sum())} "
                 f"lp(active) min={float(lp_r[act].min()) if act.any() else 0:.3g} lp nonfinite(all)={int((~torch.isfinite(lp_r)).sum())} "
                 f"sampler(active) min={float(smp_r[act].min()) if smp_r is not None and act.any() else 0:.3g} "
                 f"adv={float(li['adv'][r]):.3g} max id={int(ids[r].max())}")
@@ -132,7 +131,7 @@ def main() -> None:
                 if not ckpt:
                     policy.gradient_checkpointing_disable()
                 with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
-                    lp = orig_tlp(policy, ids[r : r + 1], attn[r : r + 1], **{k: v for k, v in kw.items() if k != "return_entropy"})
+                    lp = orig_tlp(policy, ids[r : r + 1], starts[r : r + 1], **{k: v for k, v in kw.items() if k != "return_entropy"})
                 m = mask[r : r + 1, : lp.shape[1]].to(lp.device)
                 loss = torch.where(m > 0, lp, 0.0).sum()
                 loss.backward()
@@ -145,12 +144,12 @@ def main() -> None:
             say(f"    replay {name}: rows with non-finite grad or forward: {bad_rows}")
         with torch.no_grad():
             for r in range(ids.shape[0]):
-                out = policy.model(input_ids=ids[r : r + 1], attention_mask=attn[r : r + 1], output_hidden_states=True, use_cache=False)
+                out = policy.model(input_ids=ids[r : r + 1], output_hidden_states=True, use_cache=False)
                 firsts = [i for i, h in enumerate(out.hidden_states) if not torch.isfinite(h).all()]
                 if firsts:
                     h = out.hidden_states[firsts[0]]
                     cols = (~torch.isfinite(h)).any(-1)[0].nonzero().flatten().tolist()
-                    say(f"    row {r}: fp32 forward first non-finite hidden state at layer {firsts[0]}, columns {cols[:10]} (attn there {attn[r, cols[:10]].tolist()})")
+                    say(f"    row {r}: fp32 forward first non-finite hidden state at layer {firsts[0]}, columns {cols[:10]}")
         for n, p in policy.named_parameters():
             p.grad = saved[n]
         del saved
