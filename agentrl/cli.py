@@ -57,13 +57,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_train(args: list[str]) -> int:
+    """``Trainer`` with the command line's keys: the same thing ``Trainer(**keys).train()`` does."""
     from agentrl.config import build, parse_overrides
     from agentrl.train_config import TrainConfig
     from agentrl.trainer import Trainer
 
-    cfg = build(TrainConfig, parse_overrides(args))
-    trainer = Trainer(cfg)
-    trainer.train()
+    try:
+        trainer = Trainer(build(TrainConfig, parse_overrides(args)))
+        trainer.train()
+    except KeyboardInterrupt:  # a second Ctrl-C: the step was abandoned
+        print("agentrl train: interrupted; no checkpoint written for the unfinished step (the last saved one is kept)", file=sys.stderr)
+        return 130
+    if trainer.interrupted:
+        return 130
     history = trainer.history
     if history:
         first, last = history[0], history[-1]
