@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_train(args: list[str]) -> int:
     """``Trainer`` with the command line's keys: the same thing ``Trainer(**keys).train()`` does."""
+    from agentrl.batch import EmptyBatchError
     from agentrl.config import build, parse_overrides
     from agentrl.train_config import TrainConfig
     from agentrl.trainer import Trainer
@@ -65,6 +66,9 @@ def cmd_train(args: list[str]) -> int:
     try:
         trainer = Trainer(build(TrainConfig, parse_overrides(args)))
         trainer.train()
+    except EmptyBatchError as exc:  # every episode failed: the cause, in one line
+        print(f"agentrl train: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # a second Ctrl-C: the step was abandoned
         print("agentrl train: interrupted; no checkpoint written for the unfinished step (the last saved one is kept)", file=sys.stderr)
         return 130

@@ -110,3 +110,15 @@ def test_extra_rewards_need_an_environment_that_exposes_its_episode():
         env.with_rewards([agentrl.Reward(lambda completion: 1.0, name="correct")])
     plus = env.with_rewards([agentrl.Reward(lambda completion: 1.0, name="extra")])
     assert [r.name for r in plus.rewards][-1] == "extra" and [r.name for r in env.rewards] == ["correct"]
+
+
+def test_a_reward_that_raises_is_named_in_one_line(tmp_path, capsys):
+    from agentrl.cli import main
+
+    boom = tmp_path / "boom.py"
+    boom.write_text("def boom(completion):\n    raise ValueError('reward exploded')\n")
+    args = ["max_steps=1", "prompts_per_step=2", "num_generations=2", "rollout.max_tokens_per_turn=24", "rollout.max_completion_tokens=96",
+            f"output_dir={tmp_path / 'run'}", f'extra_rewards=[{{"fn": "{boom}:boom"}}]']
+    assert main(["train", *args]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ValueError: reward exploded" in err[0] and "4 of 4 failed" in err[0], err
