@@ -137,6 +137,7 @@ def cmd_eval(args: list[str]) -> int:
             finally:
                 await generator.close()
 
+        generator.begin_rollout()
         groups, elapsed = run_with(generator, run)
     summary = summarize(groups, cfg.k, cfg.pass_threshold, elapsed)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

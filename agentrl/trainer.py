@@ -31,7 +31,7 @@ import anyio
 import torch
 
 from agentrl.batch import Batch, build_batch
-from agentrl.config import build, parse_overrides, require_backend, rollout_config
+from agentrl.config import ConfigError, build, parse_overrides, require_backend, rollout_config
 from agentrl.curve import write_reward_curve
 from agentrl.env import Environment
 from agentrl.generators import WeightUpdate, build_generator, run_with
@@ -237,6 +237,8 @@ def _config(config: TrainConfig | None, env: str | Environment | None, keys: dic
     """``config`` with ``keys`` (CLI keys, dotted or nested) applied on top; an instance's class names the run."""
     overrides = parse_overrides([f"{k}={json.dumps(v, default=str)}" for k, v in keys.items()])
     if isinstance(env, Environment):
+        if "env_args" in overrides:
+            raise ConfigError("env_args: only for an environment given by name; pass the arguments to your Environment instance")
         overrides["env"] = f"{type(env).__module__}:{type(env).__qualname__}"
     elif env is not None:
         overrides["env"] = env
@@ -264,6 +266,8 @@ def _stop_on_interrupt() -> Iterator[threading.Event]:
         yield stop
         return
     previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # installed outside Python: fall back to the usual KeyboardInterrupt
+        previous = signal.default_int_handler
 
     def handler(signum: int, frame: Any) -> None:
         stop.set()  # the loop says what happened, in one line, once the step is saved

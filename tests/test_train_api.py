@@ -65,6 +65,8 @@ def test_config_object_with_keyword_overrides(tmp_path):
     assert (merged.max_steps, merged.seed, merged.loss.beta, merged.env) == (2, 3, 0.1, "calculator")
     with pytest.raises(ConfigError, match="learning_rat: unknown key"):
         _config(None, None, {"learning_rat": 1e-3})
+    with pytest.raises(ConfigError, match="env_args: only for an environment given by name"):
+        _config(None, CalculatorEnv(num_train=4, num_test=4), {"env_args": {"seed": 1}})
 
 
 @pytest.fixture
@@ -120,5 +122,7 @@ def test_a_reward_that_raises_is_named_in_one_line(tmp_path, capsys):
     args = ["max_steps=1", "prompts_per_step=2", "num_generations=2", "rollout.max_tokens_per_turn=24", "rollout.max_completion_tokens=96",
             f"output_dir={tmp_path / 'run'}", f'extra_rewards=[{{"fn": "{boom}:boom"}}]']
     assert main(["train", *args]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "ValueError: reward exploded" in err[0] and "4 of 4 failed" in err[0], err
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("agentrl train:")]
+    assert len(ours) == 1 and "ValueError: reward exploded" in ours[0] and "4 of 4 failed" in ours[0], err
+    assert "Traceback" not in err

@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from agentrl.chat.base import ChatFormat
+from agentrl.dispatch import ToolRecord
 from agentrl.env import Environment
 from agentrl.generators.base import Generator, SamplingParams
 from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
@@ -170,7 +171,7 @@ class RolloutEngine:
             new, reward, terminated, truncated, info = await env.step(message)
             turn.env_s = time.perf_counter() - t0
             turn.env_messages = list(new)
-            turn.tool_records = list(info.get("tool_records", []))
+            turn.tool_records = [r if isinstance(r, ToolRecord) else ToolRecord(**r) for r in info.get("tool_records", [])]
             turn.reward = float(reward)
             turn.rewards = dict(info.get("rewards", {}))
             traj.reward += float(reward)
