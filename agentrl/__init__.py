@@ -8,6 +8,20 @@ from agentrl.tool import Tool, ToolDefinitionError, ToolError, tool
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    """``Trainer`` and ``TrainConfig`` load torch, accelerate and transformers: only when asked for."""
+    if name == "Trainer":
+        from agentrl.trainer import Trainer
+
+        return Trainer
+    if name == "TrainConfig":
+        from agentrl.train_config import TrainConfig
+
+        return TrainConfig
+    raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
+
+
 __all__ = [
     "Environment",
     "EnvError",
@@ -18,6 +32,8 @@ __all__ = [
     "ToolError",
     "ToolRecord",
     "ToolResult",
+    "TrainConfig",
+    "Trainer",
     "check_env",
     "dispatch",
     "make",

@@ -57,13 +57,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_train(args: list[str]) -> int:
+    """``Trainer`` with the command line's keys: the same thing ``Trainer(**keys).train()`` does."""
+    from agentrl.batch import EmptyBatchError
     from agentrl.config import build, parse_overrides
     from agentrl.train_config import TrainConfig
     from agentrl.trainer import Trainer
 
-    cfg = build(TrainConfig, parse_overrides(args))
-    trainer = Trainer(cfg)
-    trainer.train()
+    try:
+        trainer = Trainer(build(TrainConfig, parse_overrides(args)))
+        trainer.train()
+    except EmptyBatchError as exc:  # every episode failed: the cause, in one line
+        print(f"agentrl train: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C: the step was abandoned
+        print("agentrl train: interrupted; no checkpoint written for the unfinished step (the last saved one is kept)", file=sys.stderr)
+        return 130
+    if trainer.interrupted:
+        return 130
     history = trainer.history
     if history:
         first, last = history[0], history[-1]
@@ -127,6 +137,7 @@ def cmd_eval(args: list[str]) -> int:
             finally:
                 await generator.close()
 
+        generator.begin_rollout()
         groups, elapsed = run_with(generator, run)
     summary = summarize(groups, cfg.k, cfg.pass_threshold, elapsed)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

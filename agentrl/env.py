@@ -86,7 +86,10 @@ def reward_context(
 async def score(
     rewards: Sequence[Reward], context: dict[str, Any], *, per_turn: bool, episode: bool
 ) -> tuple[float, dict[str, float | None]]:
-    """Weighted total and components of the per-turn and/or per-episode rewards for ``context``."""
+    """Weighted total and components of the per-turn and/or per-episode rewards for ``context``.
+
+    The one place rewards are weighted; ``Environment.score`` calls it with the episode's own context.
+    """
     components: dict[str, float | None] = {}
     total = 0.0
     for r in rewards:
@@ -111,6 +114,7 @@ class Environment:
 
     max_turns: int = 10
     tools: Sequence[Tool] = ()
+    rewards: Sequence[Reward] = ()
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""
@@ -137,6 +141,41 @@ class Environment:
 
     async def close(self) -> None:
         """Release per-episode resources (sandboxes, connections)."""
+
+    # -- rewards: one path for the environment's own and for rewards added by a trainer -------------
+
+    def reward_context(self) -> dict[str, Any]:
+        """The running episode as reward functions see it (see ``Reward``); environments that score
+        through ``score`` implement it (``ToolEnvironment`` does)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its episode to reward functions (reward_context)")
+
+    async def score(self, *, per_turn: bool, episode: bool) -> tuple[float, dict[str, float | None]]:
+        """Weighted total and components of ``self.rewards`` on the running episode.
+
+        ``per_turn``: the rewards marked ``per_turn`` (after every step); ``episode``: the others (once,
+        when the episode ends). Components are unweighted values, None where a reward did not apply.
+        """
+        if not self.rewards:
+            return 0.0, {}
+        return await score(self.rewards, self.reward_context(), per_turn=per_turn, episode=episode)
+
+    def with_rewards(self, extra: Sequence[Reward]) -> Environment:
+        """A copy of this environment that also scores ``extra`` (same tools and datasets).
+
+        The added rewards go through ``score`` with the real episode (``state``, ``tool_records``...),
+        so the environment must implement ``reward_context``.
+        """
+        if not extra:
+            return self
+        if type(self).reward_context is Environment.reward_context:
+            raise EnvError(f"{type(self).__name__} cannot take extra rewards: it does not implement reward_context()")
+        names = [r.name for r in self.rewards]
+        clash = sorted({r.name for r in extra} & set(names))
+        if clash:
+            raise EnvError(f"extra reward name(s) {clash} already used by {type(self).__name__}'s rewards")
+        clone = copy.copy(self)
+        clone.rewards = [*self.rewards, *extra]
+        return clone
 
     def spawn(self) -> Environment:
         """A fresh instance for a concurrent episode; shares tools and datasets, not episode state."""
@@ -270,8 +309,8 @@ class ToolEnvironment(Environment):
         truncated = not terminated and ep["turn"] >= self.max_turns
         ep["done"] = terminated or truncated
 
-        reward, components = await score(self.rewards, self._reward_context(ep), per_turn=True, episode=ep["done"])
-        info = {"rewards": components, "tool_records": [rec.to_dict() for rec in records], "turn": ep["turn"]}
+        reward, components = await self.score(per_turn=True, episode=ep["done"])
+        info = {"rewards": components, "tool_records": records, "turn": ep["turn"]}
         return new_messages, reward, terminated, truncated, info
 
     async def finish(self) -> tuple[float, dict[str, float | None]]:
@@ -279,9 +318,12 @@ class ToolEnvironment(Environment):
         if ep is None or ep["done"]:
             return 0.0, {}
         ep["done"] = True
-        return await score(self.rewards, self._reward_context(ep), per_turn=False, episode=True)
+        return await self.score(per_turn=False, episode=True)
 
-    def _reward_context(self, ep: dict[str, Any]) -> dict[str, Any]:
+    def reward_context(self) -> dict[str, Any]:
+        ep = self._episode
+        if ep is None:
+            raise EnvError(f"{type(self).__name__}: no episode to score (call reset first)")
         return reward_context(ep["task"], ep["messages"], ep["state"], ep["turn"], ep["tool_records"])
 
     @property

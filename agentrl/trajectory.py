@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from agentrl.dispatch import ToolRecord
+
 
 @dataclass
 class Sample:
@@ -49,7 +51,13 @@ class Sample:
 
 @dataclass
 class Turn:
-    """One assistant turn and the environment's answer to it."""
+    """One assistant turn and the environment's answer to it.
+
+    Its sampled tokens are ``samples[sample].completion_ids[start : start + num_sampled]`` of the
+    trajectory (what per-turn credit assignment needs). ``reward`` is the turn's weighted reward and
+    ``rewards`` its components (None: did not apply); an episode-level reward, and the score of an
+    episode the engine cut short, land on the last turn.
+    """
 
     index: int
     message: dict[str, Any]
@@ -57,9 +65,12 @@ class Turn:
     finish_reason: str
     env_messages: list[dict[str, Any]] = field(default_factory=list)
     num_env_tokens: int = 0
-    tool_records: list[dict[str, Any]] = field(default_factory=list)
+    tool_records: list[ToolRecord] = field(default_factory=list)
     parse_issues: list[dict[str, str]] = field(default_factory=list)
     reward: float = 0.0
+    rewards: dict[str, float | None] = field(default_factory=dict)
+    sample: int = 0
+    start: int = 0
     generation_s: float = 0.0
     env_s: float = 0.0
     bridge: str = ""  # "proven", "split: <reason>", or "" on the last turn
@@ -120,7 +131,7 @@ class Trajectory:
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         data = dict(data)
         data["samples"] = [Sample(**s) for s in data.get("samples", [])]
-        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        data["turns"] = [_turn(t) for t in data.get("turns", [])]
         return cls(**data)
 
 
@@ -151,6 +162,12 @@ def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
 def read_jsonl(path: str | Path) -> list[Trajectory]:
     with open(path, encoding="utf-8") as f:
         return [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+def _turn(data: dict[str, Any]) -> Turn:
+    data = dict(data)
+    data["tool_records"] = [r if isinstance(r, ToolRecord) else ToolRecord(**r) for r in data.get("tool_records", [])]
+    return Turn(**data)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -259,7 +259,7 @@ def deltas(traj: Trajectory) -> list[float]:
 
 def flags(traj: Trajectory) -> list[str]:
     """Filterable properties of an episode (the page's "only" checkboxes)."""
-    kinds = {r.get("kind") for turn in traj.turns for r in turn.tool_records}
+    kinds = {r.kind for turn in traj.turns for r in turn.tool_records}
     out = []
     if traj.error:
         out.append("error")
@@ -283,7 +283,7 @@ def summary(episodes: list[Episode]) -> list[tuple[str, str]]:
     rewards = [t.reward for t in ok]
     groups = {(e.step, e.traj.group) for e in episodes}
     records = [r for t in trajs for turn in t.turns for r in turn.tool_records]
-    kinds = Counter(r.get("kind", "?") for r in records)
+    kinds = Counter(r.kind for r in records)
     issues = Counter(i.get("kind", "?") for t in trajs for turn in t.turns for i in turn.parse_issues)
     finish = Counter(t.finish_reason or "?" for t in trajs)
     steps = sorted({e.step for e in episodes if e.step is not None})

@@ -195,7 +195,7 @@ def _episode(e: Episode, decoder: Decoder, open_: bool) -> str:
     if comps:
         parts.append(f"<span class='muted'>({escape(comps)})</span>")
     parts.append(f"{len(t.turns)} turns · {t.num_sampled} sampled tokens · {escape(t.finish_reason or '?')}")
-    kinds = [r.get("kind", "?") for turn in t.turns for r in turn.tool_records]
+    kinds = [r.kind for turn in t.turns for r in turn.tool_records]
     bad = sorted({k for k in kinds if k != "ok"})
     badges = []
     if t.error:
@@ -285,7 +285,7 @@ def _segment(seg: Segment, t: Trajectory, k: int, decoder: Decoder) -> str:
 def _calls(turn: Turn) -> str:
     """The turn's tool calls with arguments, outcome, latency and what the tool sent back."""
     calls = turn.message.get("tool_calls") or []
-    records = {r.get("call_id"): r for r in turn.tool_records}
+    records = {r.call_id: r.to_dict() for r in turn.tool_records}
     replies = {m.get("tool_call_id"): m.get("content") for m in turn.env_messages if m.get("role") == "tool"}
     if not calls and not turn.tool_records:
         return ""

@@ -37,7 +37,7 @@ def main() -> None:
     import accelerate
     import multiturn_bench
 
-    import agentrl.trainer as T
+    import agentrl.learner as L
 
     mode = args.mode
 
@@ -46,31 +46,30 @@ def main() -> None:
 
     state: dict[str, Any] = {"found": 0, "analysed": False, "step": 0, "micro": 0}
 
-    orig_mb = T.Trainer._make_batch
+    orig_learn = L.Learner.learn
 
-    def make_batch(self: Any, groups: Any) -> Any:
-        batch, m = orig_mb(self, groups)
-        s, mask = batch["sampler_logprobs"], batch["mask"] > 0
+    def learn(self: Any, batch: Any, step: int) -> Any:
+        s, mask = batch.sampler_logprobs, batch.loss_mask > 0
         v = s[mask]
         fin = torch.isfinite(v)
-        say(f"rollout {self.step + 1}: rows={mask.shape[0]} active={int(mask.sum())} sampler nan={int(v.isnan().sum())} "
+        say(f"rollout {step + 1}: rows={mask.shape[0]} active={int(mask.sum())} sampler nan={int(v.isnan().sum())} "
             f"inf={int((~fin & ~v.isnan()).sum())} positive={int((v > 1e-6).sum())} min={float(v[fin].min()):.3g} "
-            f"C={batch['completion_len']} P+C={batch['input_ids'].shape[1]}")
+            f"C={batch.completion_len} W={batch.input_ids.shape[1]}")
         state["trainer"] = self
-        return batch, m
+        return orig_learn(self, batch, step)
 
-    T.Trainer._make_batch = make_batch
+    L.Learner.learn = learn
 
-    orig_tlp = T.completion_logprobs
+    orig_tlp = L.completion_logprobs
 
     def completion_logprobs(model: Any, ids: torch.Tensor, starts: torch.Tensor, width: int, **kw: Any) -> Any:
         if torch.is_grad_enabled():
             state["inputs"] = (ids.detach().clone(), starts.detach().clone(), dict(kw, width=width))
         return orig_tlp(model, ids, starts, width, **kw)
 
-    T.completion_logprobs = completion_logprobs
+    L.completion_logprobs = completion_logprobs
 
-    orig_loss = T.policy_loss
+    orig_loss = L.policy_loss
 
     def policy_loss(lp: torch.Tensor, old: Any, adv: torch.Tensor, mask: torch.Tensor, cfg: Any, **kw: Any) -> Any:
         m = mask > 0
@@ -85,7 +84,7 @@ def main() -> None:
                 f"lp nonfinite(all)={int((~torch.isfinite(lp)).sum())} |lp-sampler| max={float(gap.abs().max()):.3g}")
         return loss, out
 
-    T.policy_loss = policy_loss
+    L.policy_loss = policy_loss
 
     orig_backward = accelerate.Accelerator.backward
 
@@ -94,7 +93,7 @@ def main() -> None:
         trainer = state.get("trainer")
         if trainer is None:
             return
-        policy = self.unwrap_model(trainer.policy)
+        policy = self.unwrap_model(trainer.policy)  # trainer: the Learner
         ok, bad = _finite_grads(policy)
         if ok and not (os.environ.get("DIAG_FORCE") and not state["analysed"]):  # DIAG_FORCE: exercise the replay
             return

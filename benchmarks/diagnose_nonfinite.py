@@ -28,28 +28,25 @@ def run(mode: str, model: str, steps: int) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gpu_vs_trl as bench
 
+    import agentrl.learner as L
     import agentrl.trainer as T
     from agentrl.generators import transformers as TG
 
     def say(msg: str) -> None:
         print(f"[{mode}] {msg}", flush=True)
 
-    orig_mb = T.Trainer._make_batch
+    orig_mb = T.build_batch
 
-    def make_batch(self, groups):  # type: ignore[no-untyped-def]
-        batch, m = orig_mb(self, groups)
-        s = batch["sampler_logprobs"]
-        mask = batch["mask"] > 0
-        v = s[mask]
-        ids = batch["input_ids"] if "input_ids" in batch else None
-        top = int(ids.max()) if ids is not None else -1
-        say(f"rollout before step {self.step + 1}: sampler lp nan={int(v.isnan().sum())} -inf={int(v.isneginf().sum())} "
+    def make_batch(groups, **kw):  # type: ignore[no-untyped-def]
+        batch = orig_mb(groups, **kw)
+        v = batch.sampler_logprobs[batch.loss_mask > 0]
+        say(f"rollout: sampler lp nan={int(v.isnan().sum())} -inf={int(v.isneginf().sum())} "
             f"min={float(v[torch.isfinite(v)].min()):.3g} mean={float(v[torch.isfinite(v)].mean()):.3g} "
-            f"max id={top} (tokenizer {len(self.tokenizer)})")
-        return batch, m
+            f"max id={int(batch.input_ids.max())}")
+        return batch
 
-    T.Trainer._make_batch = make_batch
-    orig_loss = T.policy_loss
+    T.build_batch = make_batch
+    orig_loss = L.policy_loss
 
     def policy_loss(lp, old, adv, mask, cfg, **kw):  # type: ignore[no-untyped-def]
         m = mask > 0
@@ -64,18 +61,18 @@ def run(mode: str, model: str, steps: int) -> None:
             f"loss={float(loss):.4g}")
         return loss, out
 
-    T.policy_loss = policy_loss
-    orig_step = T.Trainer._optimizer_step
+    L.policy_loss = policy_loss
+    orig_step = L.Learner._optimizer_step
 
     def opt_step(self, *a, **k):  # type: ignore[no-untyped-def]
         out = orig_step(self, *a, **k)
         pol = self.accelerator.unwrap_model(self.policy)
         bad = sum(not torch.isfinite(p).all() for p in pol.parameters())
-        say(f"step {self.step + 1}: grad_norm={out.get('grad_norm')} skipped={out.get('train/skipped_nonfinite')} "
+        say(f"step {a[-1]}: grad_norm={out.get('grad_norm')} skipped={out.get('train/skipped_nonfinite')} "
             f"non-finite policy tensors={bad}")
         return out
 
-    T.Trainer._optimizer_step = opt_step
+    L.Learner._optimizer_step = opt_step
     extra = os.environ.get("AGENTRL_BENCH_EXTRA", "")
     if mode == "dynamic":
         extra += " generator.cuda_graphs=false"

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 def main() -> None:
     import gpu_vs_trl as bench
 
-    import agentrl.trainer as T
+    import agentrl.learner as L
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -33,19 +33,19 @@ def main() -> None:
     args = ap.parse_args()
     P, G, N = (int(x) for x in args.row.split("x"))
     calls = {"n": 0}
-    original = T.Trainer._optimize
+    original = L.Learner.learn
 
-    def optimize(self, batch):  # type: ignore[no-untyped-def]
+    def optimize(self, batch, step):  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] != 2:
-            yield from original(self, batch)
+            yield from original(self, batch, step)
             return
         from torch.profiler import ProfilerActivity, profile
 
         torch.cuda.synchronize()
         t = time.perf_counter()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            out = list(original(self, batch))
+            out = list(original(self, batch, step))
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
         events = prof.key_averages()
@@ -54,7 +54,7 @@ def main() -> None:
         print(events.table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=70), flush=True)
         yield from out
 
-    T.Trainer._optimize = optimize
+    L.Learner.learn = optimize
     os.environ.setdefault("AGENTRL_BENCH_EXTRA", "")
     r = bench.run_agentrl(args.model, P, G, N, 2, cpu=False)
     print({k: r[k] for k in ("step_s", "gen_s", "peak_gib")})

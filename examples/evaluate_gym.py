@@ -75,7 +75,7 @@ def run(env_name: str, model_spec: str, split: str, n: int, batch_size: int = 64
                 message = parsed.to_message()
                 new, reward, terminated, truncated, info = envs[i].step(message)
                 if "<tool_call>" in fmt.decode(out):  # the turn tried to call a tool
-                    kinds = {r["kind"] for r in info["tool_records"]}
+                    kinds = {r.kind for r in info["tool_records"]}
                     bad = bool(parsed.issues) or not parsed.tool_calls or bool(kinds & MALFORMED)
                     calls += 1
                     malformed += int(bad)

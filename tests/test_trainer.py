@@ -202,15 +202,15 @@ def test_gradient_checkpointing_and_extra_reward(tmp_path):
 
 def test_non_finite_gradient_skips_the_update(tmp_path, monkeypatch):
     """One NaN loss must not poison the weights (and with them every later rollout)."""
-    import agentrl.trainer as trainer_module
+    import agentrl.learner as learner_module
 
-    real = trainer_module.policy_loss
+    real = learner_module.policy_loss
 
     def nan_loss(*args, **kwargs):
         loss, metrics = real(*args, **kwargs)
         return loss * float("nan"), metrics
 
-    monkeypatch.setattr(trainer_module, "policy_loss", nan_loss)
+    monkeypatch.setattr(learner_module, "policy_loss", nan_loss)
     trainer = Trainer(config(tmp_path, "max_steps=1", "save_final=false"))
     before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
     trainer.train()

@@ -276,6 +276,25 @@ def test_weight_sync_lora_merged(gen, model_path):
 
 
 @vllm_test
+def test_protocol_lifecycle_and_load_weights(gen, model_path):
+    """What the trainer calls: begin_rollout, end_rollout, load_weights(WeightUpdate), from a module and from a path."""
+    from agentrl.generators import Generator, WeightUpdate
+
+    assert isinstance(gen, Generator)
+    base = hf_model(model_path)
+    gen.begin_rollout()
+    before = check_matches(gen, base)
+    gen.end_rollout()  # no sleep mode on CPU: nothing to free, and the engine keeps serving
+    new = perturbed(base, seed=2, scale=0.3)
+    gen.load_weights(WeightUpdate.from_module(new, version=1))
+    gen.begin_rollout()
+    assert check_matches(gen, new) != before
+    gen.end_rollout()
+    gen.load_weights(WeightUpdate.from_path(model_path, version=2))  # the cross-process form: back to the checkpoint
+    assert check_matches(gen, base) == before
+
+
+@vllm_test
 def test_update_weights_rejects_bad_input(gen):
     with pytest.raises(ValueError):
         gen.update_weights([("model.embed_tokens.weight", "not a tensor")])

@@ -4,8 +4,9 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl.generators.base import FinishReason, Generation, Generator, SamplingParams
+from agentrl.generators.weights import WeightUpdate
 
-__all__ = ["FinishReason", "Generation", "Generator", "SamplingParams", "build_generator", "run_with"]
+__all__ = ["FinishReason", "Generation", "Generator", "SamplingParams", "WeightUpdate", "build_generator", "run_with"]
 
 
 def run_with(generator: Any, fn: Any, *args: Any) -> Any:
@@ -32,6 +33,7 @@ def build_generator(
     max_context: int | None,
     model: Any = None,
     seed: int = 0,
+    train_dtype: Any = None,
 ) -> Generator:
     """The generator ``settings`` (a ``config.GeneratorSettings``) asks for; training and eval share it.
 
@@ -39,7 +41,9 @@ def build_generator(
     every optimizer step without a copy); the vLLM backends load ``model_path`` themselves and get
     weights pushed through ``update_weights``. Backends are imported only when chosen, so vLLM
     stays optional. ``max_context``: the longest prompt plus completion the caller will send
-    (None: the model's own limit).
+    (None: the model's own limit). ``train_dtype``: the dtype the trainer computes in under
+    autocast (e.g. ``torch.bfloat16``); the transformers backend on CUDA then decodes a full
+    model from a copy in that dtype (``TransformersGenerator(weights_dtype=...)``).
     """
     backend = settings.backend
     if backend == "transformers":
@@ -47,11 +51,13 @@ def build_generator(
 
         if model is None:
             raise ValueError("the transformers backend generates with a loaded model; pass model=")
-        cuda_graphs = settings.cuda_graphs and next(model.parameters()).device.type == "cuda"
+        cuda = next(model.parameters()).device.type == "cuda"
+        cuda_graphs = settings.cuda_graphs and cuda
+        copy = cuda and train_dtype is not None and not hasattr(model, "peft_config")
         return TransformersGenerator(
             model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size,
             gather_window_s=settings.gather_window_s, static_cache=cuda_graphs,
-            compile_decode=settings.compile_decode and cuda_graphs,
+            compile_decode=settings.compile_decode and cuda_graphs, weights_dtype=train_dtype if copy else None,
         )
     if backend == "vllm":
         import torch

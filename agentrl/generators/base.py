@@ -10,7 +10,10 @@ recomputes exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from agentrl.generators.weights import WeightUpdate
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -63,8 +66,23 @@ class Generation:
 
 @runtime_checkable
 class Generator(Protocol):
+    """What the rollout engine and the trainer ask of a backend; nothing else is backend-specific.
+
+    The generator owns its weights and memory. A training step is, in order:
+    ``begin_rollout()`` (weights resident, caches ready), many concurrent ``generate`` calls,
+    ``end_rollout()`` (free what the training step needs: KV caches, graphs, a generation copy,
+    or the whole engine asleep), the trainer's update, then ``load_weights(update)`` with the new
+    policy weights. All three are synchronous and idempotent, and must not be called while a
+    ``generate`` is in flight. ``WeightUpdate`` can be read in this process or from a path, so the
+    same calls fit a generator in another process.
+    """
+
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
 
-    def update_weights(self, named_tensors: Any) -> None: ...
+    def begin_rollout(self) -> None: ...
+
+    def end_rollout(self) -> None: ...
+
+    def load_weights(self, update: WeightUpdate) -> None: ...
 
     async def close(self) -> None: ...

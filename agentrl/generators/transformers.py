@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 import math
 import threading
@@ -25,6 +26,7 @@ import torch
 
 from agentrl.generators.base import FinishReason, Generation, SamplingParams
 from agentrl.generators.sampling import sample_next
+from agentrl.generators.weights import WeightUpdate, normalize_named_tensors
 
 __all__ = ["GenerationError", "GeneratorClosedError", "TransformersGenerator", "sample_next"]
 
@@ -140,6 +142,13 @@ class TransformersGenerator:
     while each arrives within ``gather_window_s`` of the previous one (at most 0.1 s after the first,
     at most ``max_batch_size``); those arriving while a batch runs go into the next. ``max_context`` clips ``max_tokens`` so prompt plus
     output fits, and rejects prompts that leave no room.
+
+    Weights: by default the generator decodes with ``model`` itself, so a trainer sharing the
+    module sees every optimizer step with no copy. ``weights_dtype`` (e.g. bf16 while ``model``
+    holds fp32 master weights) decodes from a copy in that dtype instead: half the bytes read per
+    token and no per-step casts under autocast. The copy holds weights only between
+    ``begin_rollout`` (cast from ``model``) and ``end_rollout`` (freed), so a training step does
+    not carry 2 bytes per parameter it never reads.
     """
 
     def __init__(
@@ -152,9 +161,18 @@ class TransformersGenerator:
         max_context: int | None = None,
         static_cache: bool | None = None,
         compile_decode: bool = False,
+        weights_dtype: torch.dtype | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.source = model  # the module whose weights this generator decodes with
+        self._copy = weights_dtype is not None and next(model.parameters()).dtype != weights_dtype
+        if self._copy:
+            if hasattr(model, "peft_config"):
+                raise ValueError("weights_dtype: a generation copy of a PEFT model is not supported; decode with the model itself")
+            model = copy.deepcopy(model).to(weights_dtype).eval().requires_grad_(False)
+            self._set_copy_weights(model, None)
+        self._foreign = False  # the copy holds weights written by load_weights, not cast from source
         self.model = model
         self.pad_token_id = int(pad_token_id)
         self.max_batch_size = max_batch_size
@@ -261,6 +279,61 @@ class TransformersGenerator:
             thread = self._thread
         if thread is not None:
             await anyio.to_thread.run_sync(thread.join)
+
+    # ----------------------------------------------------------------- Generator lifecycle
+
+    def begin_rollout(self) -> None:
+        """Give the generation copy (if any) its weights, cast from ``source`` (one pass over them)."""
+        if self._copy and not self._foreign:
+            with self._weights_lock:
+                self._set_copy_weights(self.model, self.source)
+
+    def end_rollout(self) -> None:
+        """Free what training needs: the static KV caches and CUDA graphs (recaptured on next use)
+        and the generation copy's weights."""
+        self.release_memory()
+        if self._copy and not self._foreign:
+            with self._weights_lock:
+                self._set_copy_weights(self.model, None)
+
+    def load_weights(self, update: WeightUpdate) -> None:
+        """New policy weights. From ``source`` itself there is nothing to move: the module is shared,
+        or the copy is cast from it at the next ``begin_rollout``. Anything else is copied in."""
+        if update.module is self.source:
+            self._foreign = False
+        else:
+            if hasattr(self.model, "peft_config"):
+                raise ValueError("load_weights: full weights from elsewhere cannot be written into a PEFT model")
+            with update.full() as named:
+                if self._copy:
+                    self._foreign = True
+                    self._set_copy_weights(self.model, None)
+                    self._write_copy(named)
+                else:
+                    self.update_weights(named)
+                    return  # update_weights counted it
+        self.stats["weight_updates"] += 1
+
+    @staticmethod
+    def _set_copy_weights(target: torch.nn.Module, source: torch.nn.Module | None) -> None:
+        """Cast ``source``'s parameters into ``target`` (same names), or empty them when None."""
+        with torch.no_grad():
+            if source is None:
+                for q in target.parameters():
+                    q.data = torch.empty(0, dtype=q.dtype, device=q.device)
+                return
+            for (name, p), (other, q) in zip(source.named_parameters(), target.named_parameters(), strict=True):
+                assert name == other, f"generation copy out of step with the policy: {name} != {other}"
+                q.data = p.detach().to(q.dtype)
+
+    def _write_copy(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Give the generation copy weights read from an update (checkpoint names; tied head optional)."""
+        given = dict(normalize_named_tensors(named))
+        with self._weights_lock, torch.no_grad():
+            for name, q in self.model.named_parameters():
+                if name not in given:
+                    raise ValueError(f"load_weights: the update has no tensor for {name}")
+                q.data = given[name].detach().to(device=self.device, dtype=q.dtype).clone()
 
     def release_memory(self) -> None:
         """Free the static KV caches and CUDA graphs between rollouts (recaptured on next use)."""

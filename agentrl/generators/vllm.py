@@ -24,6 +24,7 @@ import torch
 
 from agentrl.generators.base import Generation, SamplingParams
 from agentrl.generators.transformers import GenerationError, GeneratorClosedError, _notifier
+from agentrl.generators.weights import WeightUpdate
 from agentrl.generators.vllm_common import (
     check_against_checkpoint,
     checkpoint_shapes,
@@ -191,13 +192,31 @@ class VLLMGenerator:
         if shutdown is not None:
             shutdown()
 
-    # ----------------------------------------------------------------- trainer side (sync)
+    # ----------------------------------------------------------------- Generator lifecycle
+
+    def begin_rollout(self) -> None:
+        """Wake an engine that sleeps (weights and KV cache back on the GPU) before requests arrive."""
+        with self._engine_lock:
+            if self._asleep:
+                self.engine.wake_up()
+                self._asleep = False
+
+    def end_rollout(self) -> None:
+        """Free the GPU for the training step: sleep when sleep mode is on (else nothing to free)."""
+        self.sleep()
+
+    def load_weights(self, update: WeightUpdate) -> None:
+        """New policy weights: full weights (LoRA merged) reloaded in place."""
+        with update.full() as named:
+            self.update_weights(named)
+
+    # ----------------------------------------------------------------- weights and memory (sync)
 
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         """Reload weights in place between engine steps (blocks while a step runs).
 
         ``named_tensors``: full-model weights named as in the checkpoint the engine loaded (use
-        ``vllm_common.push_weights(policy)`` for a PEFT policy: merged, base names). A tied
+        ``load_weights(WeightUpdate.from_module(policy, step))`` for a PEFT policy: merged, base names). A tied
         output layer is re-packed and the prefix cache reset. In-flight requests continue under
         the new weights, recomputing their KV cache.
         """

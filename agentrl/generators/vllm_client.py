@@ -33,11 +33,14 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from agentrl.generators.base import Generation, SamplingParams
+
+if TYPE_CHECKING:
+    from agentrl.generators.weights import WeightUpdate
 
 __all__ = ["ServerRestartedError", "VLLMServerError", "VLLMServerGenerator"]
 
@@ -185,6 +188,17 @@ class VLLMServerGenerator:
             self._weights_instance = resp.instance
         self.stats["weight_updates"] += 1
         log.info("pushed %d tensors (%.1f MB) to %s: weights version %s", len(tensors), len(payload) / 1e6, self.url, data.get("weights_version"))
+
+    def begin_rollout(self) -> None:
+        """Nothing to prepare: the server keeps its engine and memory between rollouts."""
+
+    def end_rollout(self) -> None:
+        """Nothing to free here: the server's memory is on its own machine or process."""
+
+    def load_weights(self, update: WeightUpdate) -> None:
+        """New policy weights: full weights (LoRA merged) pushed to the server (``update_weights``)."""
+        with update.full() as named:
+            self.update_weights(named)
 
     async def close(self) -> None:
         """Close pooled connections; the server keeps running (it belongs to whoever started it)."""

@@ -23,13 +23,8 @@ Stable API (signatures the server mode relies on):
   ``ignore_eos=True`` (only our stop tokens stop), no detokenisation, final output only.
 - ``to_generation(output: vllm.RequestOutput) -> Generation``: token ids, the sampled tokens'
   logprobs, finish reason ("stop" | "length" | "abort").
-- ``push_weights(policy) -> ContextManager[list[tuple[str, torch.Tensor]]]``: the policy's weights
-  as HF checkpoint names and tensors, what vLLM's ``load_weights`` / ``reload_weights`` accept;
-  a PEFT model is merged for the duration of the ``with`` block and unmerged after; a tied
-  ``lm_head.weight`` is left out (vLLM ties it to the embedding itself).
-- ``normalize_named_tensors(named) -> list[tuple[str, torch.Tensor]]``: accept a mapping or an
-  iterable of pairs, strip a PEFT ``base_model.model.`` prefix and ``.base_layer.``, drop LoRA
-  tensors; raise ``ValueError`` naming bad entries.
+- ``push_weights(policy)`` and ``normalize_named_tensors(named)``: re-exported from
+  ``generators/weights.py`` (``merged_weights``), where ``WeightUpdate`` reads them for every backend.
 - ``checkpoint_shapes(path) -> dict | None`` and ``check_against_checkpoint(named, shapes, tied)``:
   refuse a push whose names or shapes the loaded checkpoint lacks (reloading a wrong shape
   leaves the engine's layers half-restored).
@@ -50,15 +45,15 @@ the kept sets can differ slightly. Greedy requests report ``log_softmax(logits)`
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agentrl.generators.base import FinishReason, Generation, SamplingParams
+from agentrl.generators.weights import merged_weights, normalize_named_tensors
 
 __all__ = [
     "VLLM_INSTALL_HINT",
@@ -192,52 +187,7 @@ def to_generation(output: Any) -> Generation:
 # ---------------------------------------------------------------------------------- weights
 
 
-def normalize_named_tensors(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """Checkpoint-style ``(name, tensor)`` pairs from a state dict or pairs, PEFT names unwrapped.
-
-    LoRA factors are dropped (push merged weights), ``base_model.model.`` and ``.base_layer.`` are
-    removed so names match the base checkpoint vLLM loaded.
-    """
-    items = list(named.items()) if isinstance(named, Mapping) else list(named)
-    out: list[tuple[str, torch.Tensor]] = []
-    bad = [str(n) for n, t in items if not isinstance(n, str) or not isinstance(t, torch.Tensor)]
-    if bad:
-        raise ValueError(f"weights must be (name: str, tensor) pairs; bad entries: {bad[:5]}")
-    for name, tensor in items:
-        if "lora_" in name or ".modules_to_save." in name:
-            continue
-        name = name.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".original_module.", ".")
-        out.append((name, tensor))
-    if not out:
-        raise ValueError("no weights to push (only LoRA factors or nothing given); merge the adapter first")
-    return out
-
-
-def _tied(model: Any) -> bool:
-    config = getattr(model, "config", None)
-    return bool(getattr(config, "tie_word_embeddings", False))
-
-
-@contextlib.contextmanager
-def push_weights(policy: Any) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """The policy's full weights, named as in its base checkpoint, valid inside the ``with`` block.
-
-    A PEFT model has its adapters merged on entry and unmerged on exit (the tensors are views of
-    the merged model: copy them before leaving the block). A tied ``lm_head.weight`` is left out:
-    vLLM builds the output layer from the embedding. No copy is made for a plain model.
-    """
-    merged = hasattr(policy, "merge_adapter") and hasattr(policy, "get_base_model")
-    if merged:
-        policy.merge_adapter()
-    try:
-        base = policy.get_base_model() if merged else policy
-        named = normalize_named_tensors((n, t.detach()) for n, t in base.state_dict().items())
-        if _tied(base):
-            named = [(n, t) for n, t in named if n != "lm_head.weight"]
-        yield named
-    finally:
-        if merged:
-            policy.unmerge_adapter()
+push_weights = merged_weights  # the name the server mode and its tests use
 
 
 def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]] | None:

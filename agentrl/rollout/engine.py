@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from agentrl.chat.base import ChatFormat
+from agentrl.dispatch import ToolRecord
 from agentrl.env import Environment
 from agentrl.generators.base import Generator, SamplingParams
 from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
@@ -142,6 +143,7 @@ class RolloutEngine:
             gen = await self.generator.generate(sample.ids, sampling)
             gen_s = time.perf_counter() - t0
             self._event("generated", traj, turn_index)
+            start = len(sample.completion_ids)
             sample.extend(list(gen.token_ids), sampled=True, logprobs=list(gen.logprobs))
             used += len(gen.token_ids)
 
@@ -156,6 +158,8 @@ class RolloutEngine:
                 finish_reason=gen.finish_reason,
                 parse_issues=[{"kind": i.kind, "detail": i.detail} for i in parsed.issues],
                 generation_s=gen_s,
+                sample=len(traj.samples) - 1,
+                start=start,
             )
             traj.turns.append(turn)
             traj.messages.append(message)
@@ -167,10 +171,11 @@ class RolloutEngine:
             new, reward, terminated, truncated, info = await env.step(message)
             turn.env_s = time.perf_counter() - t0
             turn.env_messages = list(new)
-            turn.tool_records = list(info.get("tool_records", []))
+            turn.tool_records = [r if isinstance(r, ToolRecord) else ToolRecord(**r) for r in info.get("tool_records", [])]
             turn.reward = float(reward)
+            turn.rewards = dict(info.get("rewards", {}))
             traj.reward += float(reward)
-            _add_components(traj.rewards, info.get("rewards", {}))
+            _add_components(traj.rewards, turn.rewards)
             if terminated or truncated:
                 traj.finish_reason = "stop" if terminated else "max_turns"
                 traj.truncated = bool(truncated and not terminated)
@@ -209,6 +214,9 @@ class RolloutEngine:
         reward, components = await env.finish()
         traj.reward += float(reward)
         _add_components(traj.rewards, components)
+        if traj.turns:  # the episode's score belongs to its last turn (per-turn credit sees it there)
+            traj.turns[-1].reward += float(reward)
+            _add_components(traj.turns[-1].rewards, components)
         traj.finish_reason = reason
         traj.truncated = True
 

@@ -23,13 +23,13 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
     trajs = [t for g in groups for t in (g.trajectories if isinstance(g, TrajectoryGroup) else [g])]
     ok = [t for t in trajs if t.ok]
     records = [r for t in ok for turn in t.turns for r in turn.tool_records]
-    latencies = [r["latency_s"] for r in records]
+    latencies = [r.latency_s for r in records]
     turns = [len(t.turns) for t in ok]
     sampled = sum(t.num_sampled for t in ok)
     env_tokens = sum(t.num_env_tokens for t in ok)
     call_turns = [turn for t in ok for turn in t.turns if turn.message.get("tool_calls") or _tried_call(turn)]
     malformed_turns = [
-        turn for turn in call_turns if turn.parse_issues or any(r["kind"] in MALFORMED for r in turn.tool_records)
+        turn for turn in call_turns if turn.parse_issues or any(r.kind in MALFORMED for r in turn.tool_records)
     ]
     out: dict[str, Any] = {
         "episodes": len(trajs),
@@ -37,7 +37,7 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
         "turns/mean": _mean(turns),
         "turns/max": max(turns, default=0),
         "tools/calls": len(records),
-        "tools/failures": sum(r["kind"] in FAILURES for r in records),
+        "tools/failures": sum(r.kind in FAILURES for r in records),
         "tools/latency_p50_s": percentile(latencies, 50),
         "tools/latency_p95_s": percentile(latencies, 95),
         "tools/well_formed_rate": 1 - len(malformed_turns) / len(call_turns) if call_turns else 0.0,
@@ -48,9 +48,9 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
         "bridges/proven": sum(turn.bridge == "proven" for t in ok for turn in t.turns),
         "reward/mean": _mean([t.reward for t in ok]),
     }
-    for kind, count in sorted(Counter(r["kind"] for r in records if r["kind"] != "ok").items()):
+    for kind, count in sorted(Counter(r.kind for r in records if r.kind != "ok").items()):
         out[f"tools/failures/{kind}"] = count
-    for (tool, kind), count in sorted(Counter((r["tool"], r["kind"]) for r in records if r["kind"] in FAILURES).items()):
+    for (tool, kind), count in sorted(Counter((r.tool, r.kind) for r in records if r.kind in FAILURES).items()):
         out[f"tools/failures/{tool}/{kind}"] = count
     for reason, count in sorted(Counter(t.finish_reason for t in trajs).items()):
         out[f"finish/{reason}"] = count

@@ -1,0 +1,162 @@
+"""The learning side of a step: log-probs of a ``Batch`` and the optimizer steps taken on it.
+
+Why its own module: the trainer's loop should read as rollouts -> batch -> learn -> sync. This
+owns everything between a ``Batch`` and updated weights: old/reference log-probs (chunked over the
+vocabulary), micro-batches with gradient accumulation, the one ``policy_loss`` call, clipping,
+the non-finite-gradient guard, optimizer and scheduler, and the TR-DPO reference mix.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from agentrl.batch import Batch
+from agentrl.logprobs import completion_logprobs
+from agentrl.losses import LossConfig, policy_loss
+from agentrl.reference import Reference
+
+# Losses whose normaliser is global (counts the whole optimizer step's tokens); the others are
+# per-micro-batch means, averaged over the accumulation steps.
+GLOBAL_NORMALISED = {"dapo", "cispo", "sapo"}
+
+
+@dataclass
+class LearnSettings:
+    """The knobs of the learning side (taken from ``TrainConfig``)."""
+
+    micro_batch_size: int
+    num_iterations: int
+    steps_per_generation: int
+    temperature: float
+    logprob_chunk_size: int
+    max_grad_norm: float | None
+    mask_truncated_completions: bool
+    ref_mix_alpha: float | None
+    ref_mix_every: int
+
+
+class Learner:
+    """Takes optimizer steps on batches; ``policy`` etc. are the accelerate-prepared objects."""
+
+    def __init__(self, accelerator: Any, policy: Any, optimizer: Any, scheduler: Any, reference: Reference, loss: LossConfig, settings: LearnSettings) -> None:
+        self.accelerator, self.policy, self.optimizer, self.scheduler = accelerator, policy, optimizer, scheduler
+        self.reference, self.loss, self.settings = reference, loss, settings
+
+    def learn(self, batch: Batch, step: int) -> Iterator[dict[str, Any]]:
+        """Yield one metrics dict per optimizer step taken on ``batch`` (``step``: steps taken before)."""
+        s = self.settings
+        self.policy.train()
+        B = len(batch)
+        reuse = s.num_iterations > 1 or s.steps_per_generation > 1
+        old = self._no_grad_logprobs(self.policy, batch) if reuse else None
+        ref = None
+        if self.reference.enabled:
+            with self.reference.active() as ref_model:
+                ref = self._no_grad_logprobs(ref_model, batch)
+        if old is not None:
+            _keep_trainer_logprobs(batch, torch.arange(B), old)
+        chunks = torch.arange(B).chunk(s.steps_per_generation)
+        for _ in range(s.num_iterations):
+            for chunk in chunks:
+                if len(chunk) == 0:
+                    continue
+                step += 1
+                yield self._optimizer_step(batch, chunk, old, ref, step)
+
+    def _logprobs(self, model: Any, batch: Batch, idx: torch.Tensor, entropy: bool = False) -> tuple[Any, int]:
+        dev = self.accelerator.device
+        width = int(batch.lengths[idx].max())  # trim the padding every row of this micro-batch has
+        keep = int((batch.lengths[idx] - batch.starts[idx]).max())
+        ids = batch.input_ids[idx, :width].to(dev)
+        with self.accelerator.autocast():
+            out = completion_logprobs(
+                model, ids, batch.starts[idx].to(dev), keep, temperature=self.settings.temperature,
+                chunk_size=self.settings.logprob_chunk_size, return_entropy=entropy,
+            )
+        return out, keep
+
+    def _no_grad_logprobs(self, model: Any, batch: Batch) -> torch.Tensor:
+        B, C = batch.loss_mask.shape
+        out = torch.zeros((B, C))
+        with torch.no_grad():
+            for start in range(0, B, self.settings.micro_batch_size):
+                idx = torch.arange(start, min(B, start + self.settings.micro_batch_size))
+                lp, keep = self._logprobs(model, batch, idx)
+                out[idx, :keep] = lp.float().cpu()
+        return out
+
+    def _optimizer_step(self, batch: Batch, chunk: torch.Tensor, old: Any, ref: Any, step: int) -> dict[str, Any]:
+        s, dev = self.settings, self.accelerator.device
+        t0 = time.perf_counter()
+        micro = chunk.split(s.micro_batch_size)
+        mask = batch.loss_mask[chunk]
+        active = mask * (~batch.truncated[chunk])[:, None] if s.mask_truncated_completions else mask
+        num_items = self.accelerator.reduce(torch.tensor(float(active.sum()), device=dev), reduction="sum")
+        sums: dict[str, float] = {}
+        trained_tokens = 0
+        for idx in micro:
+            (lp, ent), keep = self._logprobs(self.policy, batch, idx, entropy=True)
+            if old is None:  # a single pass: these are the logprobs under the sampling weights
+                _keep_trainer_logprobs(batch, idx, lp)
+            loss, m = self._loss(batch, idx, keep, lp, ent, old, ref, num_items, len(micro))
+            self.accelerator.backward(loss)
+            trained_tokens += int(batch.loss_mask[idx].sum())
+            for k, v in m.items():
+                sums[k] = sums.get(k, 0.0) + v / len(micro)
+        # max_norm inf: the total norm without clipping, for the finiteness check below
+        limit = s.max_grad_norm if s.max_grad_norm is not None else math.inf
+        grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), limit))
+        skipped = not math.isfinite(grad_norm)
+        if skipped:  # a NaN/inf gradient would poison the weights and every later rollout: drop it
+            print(f"step {step}: non-finite gradient norm ({grad_norm}); update skipped", flush=True)
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if s.ref_mix_alpha is not None and step % s.ref_mix_every == 0:
+            self.reference.mix(s.ref_mix_alpha)
+        train_s = time.perf_counter() - t0
+        out = {f"loss/{k}": v for k, v in sums.items()}
+        out.update({"lr": self.scheduler.get_last_lr()[0], "perf/train_s": train_s, "perf/trained_tokens_per_s": trained_tokens / train_s})
+        out["train/skipped_nonfinite"] = float(skipped)
+        if math.isfinite(grad_norm):
+            out["grad_norm"] = grad_norm
+        return out
+
+    def _loss(
+        self, batch: Batch, idx: torch.Tensor, keep: int, lp: torch.Tensor, ent: torch.Tensor, old: Any, ref: Any, num_items: torch.Tensor, n_micro: int
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The one ``policy_loss`` call: this micro-batch's loss, scaled for gradient accumulation."""
+        dev, sl = self.accelerator.device, slice(0, keep)
+        loss, metrics = policy_loss(
+            lp.float(),
+            None if old is None else old[idx][:, sl].to(dev),
+            batch.advantages[idx][:, sl].to(dev),
+            batch.loss_mask[idx][:, sl].to(dev),
+            self.loss,
+            ref_logprobs=None if ref is None else ref[idx][:, sl].to(dev),
+            sampler_logprobs=batch.sampler_logprobs[idx][:, sl].to(dev),
+            truncated=batch.truncated[idx].to(dev) if self.settings.mask_truncated_completions else None,
+            num_items_in_batch=num_items,
+            max_completion_length=batch.completion_len,
+            entropies=ent.float(),
+        )
+        if self.loss.loss_type not in GLOBAL_NORMALISED:
+            loss = loss / n_micro
+        return loss, metrics
+
+
+def _keep_trainer_logprobs(batch: Batch, idx: torch.Tensor, logprobs: torch.Tensor) -> None:
+    """Store the trainer's logprobs on the logged samples (only those: it costs a device sync)."""
+    for j, row in enumerate(idx.tolist()):
+        if not bool(batch.logged[row]):
+            continue
+        sample = batch.samples[row]
+        values = logprobs[j, : len(sample.completion_ids)].detach().float().cpu().tolist()
+        sample.trainer_logprobs = [v if m else 0.0 for v, m in zip(values, sample.loss_mask)]

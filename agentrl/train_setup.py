@@ -1,0 +1,122 @@
+"""Building what a training run needs, in the order that fails cheapest first.
+
+The environment, its datasets and the extra rewards are built and checked before any model loads
+(a typo in an environment must not cost a model load); then the policy, its reference model and
+the optimizer. Every user mistake becomes one ``ConfigError`` line naming the problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.config import ConfigError
+from agentrl.env import Environment, EnvError, Reward
+from agentrl.registry import UnknownEnvironment, load_object, make
+from agentrl.train_config import TrainConfig
+
+
+def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environment, Any]:
+    """The environment (with ``extra_rewards`` added) and its non-empty train split."""
+    name = cfg.env
+    if env is None:
+        try:
+            env = make(name, **cfg.env_args)
+        except (UnknownEnvironment, ConfigError):
+            raise
+        except Exception as exc:  # the environment's own constructor failed
+            raise ConfigError(f"env={name}: building the environment failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(env, Environment):
+        raise ConfigError(f"env={name}: expected an agentrl Environment, got {type(env).__name__}")
+    try:
+        env = env.with_rewards([_load_reward(r) for r in cfg.extra_rewards])
+    except EnvError as exc:
+        raise ConfigError(f"extra_rewards: {exc}") from None
+    train = _split(env, name, "train")
+    if cfg.eval_every:
+        _split(env, name, "test")
+    return env, train
+
+
+def _split(env: Environment, name: str, split: str) -> Any:
+    """``env.dataset(split)``, which must exist and hold at least one task."""
+    try:
+        data = env.dataset(split)
+        size = len(data)
+    except Exception as exc:  # noqa: BLE001 - any failure to load it is the environment's problem
+        raise ConfigError(f"env={name}: cannot load the {split!r} split: {type(exc).__name__}: {exc}") from None
+    if size == 0:
+        raise ConfigError(f"env={name}: the {split!r} split is empty; training needs at least one task")
+    return data
+
+
+def _load_reward(spec: Any) -> Reward:
+    try:
+        fn = load_object(spec.fn)
+        return Reward(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
+    except (UnknownEnvironment, TypeError, ValueError) as exc:
+        raise ConfigError(f"extra_rewards: {spec.fn}: {exc}") from None
+
+
+def check_trackers(names: list[str]) -> None:
+    """Asked-for trackers must be installed: fail at start-up, not after the first step."""
+    modules = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "trackio": ("trackio",)}
+    for name in names:
+        if not any(importlib.util.find_spec(m) for m in modules[name]):
+            raise ConfigError(f"report_to: {name} is not installed (pip install {modules[name][0]})")
+
+
+def build_optimizer(cfg: TrainConfig, policy: Any, cuda: bool) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the trainable parameters (or its host-offloaded twin) and the LR schedule."""
+    from transformers import get_scheduler
+
+    params = [p for p in policy.parameters() if p.requires_grad]
+    if cfg.optimizer_offload:  # the moments on the host: same AdamW arithmetic (agentrl/optim_offload.py)
+        from agentrl.optim_offload import OffloadedAdamW
+
+        optimizer: torch.optim.Optimizer = OffloadedAdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
+    else:  # fused: one kernel for the whole update on CUDA (same math as the default implementation)
+        optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, fused=cuda or None)
+    scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps)
+    return optimizer, scheduler
+
+
+def enable_gradient_checkpointing(policy: Any) -> None:
+    # Saving/restoring the CUDA RNG state around every layer syncs the device each time
+    # (H200, 0.5B model, 64 x ~300 tokens: train phase 2.0 s with it, 0.79 s without);
+    # it only matters when the recomputed forward draws dropout masks.
+    kwargs = {"use_reentrant": False, "preserve_rng_state": _uses_dropout(policy)}
+    policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if hasattr(policy, "enable_input_require_grads"):
+        policy.enable_input_require_grads()
+
+
+def _uses_dropout(model: torch.nn.Module) -> bool:
+    """Whether any dropout is active in training (a module with p > 0, or a config dropout > 0)."""
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    values = vars(config).items() if config is not None else ()
+    return any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in values)
+
+
+def generation_base(path: str, kind: str) -> str:
+    """The checkpoint a separate generator loads: the policy's, or an adapter's base model."""
+    if kind != "adapter":
+        return path
+    from agentrl.models import resolve_model
+
+    return resolve_model(json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"])
+
+
+def peak_memory_gib() -> float | None:
+    """Peak CUDA memory allocated since the last call (then reset), so each phase reports its own."""
+    if not torch.cuda.is_available():
+        return None
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return peak

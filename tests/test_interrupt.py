@@ -1,0 +1,45 @@
+"""Ctrl-C during `agentrl train`: the step finishes, a checkpoint is written, one line, no traceback, resumable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from agentrl.trainer import Trainer
+
+ARGS = ["prompts_per_step=2", "num_generations=2", "micro_batch_size=4", "rollout.max_tokens_per_turn=24", "rollout.max_completion_tokens=96", "save_every=0"]
+
+
+def test_ctrl_c_saves_a_resumable_checkpoint_and_prints_one_line(tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", *ARGS, "max_steps=500", f"output_dir={run}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no training step within 240 s"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in out + err, err
+    lines = [x for x in out.splitlines() if x.startswith("interrupted")]
+    assert len(lines) == 1, out
+    step = int(lines[0].split("after step ")[1].split(",")[0])
+    assert 1 <= step < 500
+    ckpt = run / "checkpoints" / f"step-{step:06d}"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
+    assert str(ckpt) in lines[0] and "resume=latest" in lines[0]
+
+    from agentrl.config import build, parse_overrides
+    from agentrl.train_config import TrainConfig
+
+    resumed = Trainer(build(TrainConfig, parse_overrides([*ARGS, f"max_steps={step + 1}", f"output_dir={run}", "resume=latest"])))
+    assert resumed.step == step
+    resumed.train()
+    assert (run / "checkpoints" / f"step-{step + 1:06d}" / "trainer_state.json").is_file()
