@@ -35,7 +35,7 @@ from agentrl.env import Reward, reward_context, score
 from agentrl.generators import build_generator, run_with
 from agentrl.generators.vllm_common import push_weights
 from agentrl.logprobs import token_logprobs
-from agentrl.losses import group_advantages, policy_loss
+from agentrl.losses import StepCounts, group_advantages, local_counts, policy_loss
 from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
 from agentrl.registry import load_object, make
@@ -43,11 +43,6 @@ from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.metrics import rollout_metrics
 from agentrl.train_config import TrainConfig
 from agentrl.trajectory import Trajectory, TrajectoryGroup
-
-# Losses whose normaliser is global (counts the whole optimizer step's tokens); the others are
-# per-micro-batch means, averaged over the accumulation steps.
-GLOBAL_NORMALISED = {"dapo", "cispo", "sapo"}
-
 
 class Trainer:
     """Builds everything from a ``TrainConfig`` and runs ``train()``."""
@@ -106,7 +101,7 @@ class Trainer:
 
         scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps)
         self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
-        self.loss_cfg = cfg.loss.to_loss_config()
+        self.loss_cfg = cfg.loss
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.chat_format.stop_token_ids[0]
         self.pad_id = int(pad)
@@ -351,8 +346,13 @@ class Trainer:
         cfg, dev = self.cfg, self.accelerator.device
         t0 = time.perf_counter()
         micro = chunk.split(cfg.micro_batch_size)
-        active = batch["mask"][chunk] * (~batch["truncated"][chunk])[:, None] if cfg.mask_truncated_completions else batch["mask"][chunk]
-        num_items = self.accelerator.reduce(torch.tensor(float(active.sum()), device=dev), reduction="sum")
+        truncated = batch["truncated"] if cfg.mask_truncated_completions else None
+        totals = local_counts(batch["mask"][chunk], None if truncated is None else truncated[chunk])
+        totals = self.accelerator.reduce(torch.cat([totals, torch.tensor([float(len(micro))], dtype=torch.float64)]).to(dev), reduction="sum")
+        counts = StepCounts.from_totals(
+            totals[:3].cpu(), int(totals[3]), num_processes=self.accelerator.num_processes,
+            max_completion_length=cfg.rollout.max_completion_tokens,
+        )
         sums: dict[str, float] = {}
         trained_tokens = 0
         for idx in micro:
@@ -366,19 +366,16 @@ class Trainer:
                 batch["advantages"][idx].to(dev),
                 batch["mask"][idx][:, sl].to(dev),
                 self.loss_cfg,
+                counts=counts,
                 ref_logprobs=None if ref is None else ref[idx][:, sl].to(dev),
                 sampler_logprobs=batch["sampler_logprobs"][idx][:, sl].to(dev),
-                truncated=batch["truncated"][idx].to(dev) if cfg.mask_truncated_completions else None,
-                num_items_in_batch=num_items,
-                max_completion_length=batch["completion_len"],
+                truncated=None if truncated is None else truncated[idx].to(dev),
                 entropies=ent.float(),
             )
-            if self.loss_cfg.loss_type not in GLOBAL_NORMALISED:
-                loss = loss / len(micro)
-            self.accelerator.backward(loss)
+            self.accelerator.backward(loss)  # the micro-batch losses sum to the step's loss
             trained_tokens += int(batch["mask"][idx].sum())
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v / len(micro)
+                sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v / len(micro))  # shares add up to the loss
         # max_norm inf: the total norm without clipping, for the finiteness check below
         limit = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), limit))
