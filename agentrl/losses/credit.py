@@ -64,7 +64,8 @@ def turn_level_advantages(
     ``num_turns``: [E]; ``group_ids``: [E]. An episode whose rewards are all missing is left out of
     every baseline and gets advantage 0. ``scale``: ``"none"`` is the unbiased estimator;
     ``"group"`` / ``"batch"`` divide by the std of the group's / batch's per-turn returns (each
-    (episode, turn) once), GRPO's per-task step size; a group whose returns are all equal gets 0.
+    (episode, turn) once), GRPO's per-task step size; there a group (batch) whose returns are all
+    equal gets 0.
     """
     if scale not in ("group", "batch", "none"):
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")

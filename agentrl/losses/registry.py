@@ -92,7 +92,8 @@ def resolve_loss(loss_type: str) -> LossSpec:
     raise UnknownLoss(
         f"loss_type={loss_type!r} is unknown; known: {', '.join(loss_names())}. "
         "A loss of your own: decorate it with @agentrl.losses.register_loss(name) and give "
-        "loss_type='path/to/file.py:name' or 'package.module:name'."
+        "loss_type='path/to/file.py:name' or 'package.module:name' (or publish it under the "
+        "'agentrl.losses' entry-point group)."
     )
 
 
