@@ -116,6 +116,10 @@ def test_group_scale_and_flat_groups():
     assert adv[:2, 1].abs().sum() == 0  # nothing past an episode's end
     # group 1: returns 4, 2, 4, 2, baselines 4, 2 from the other episode: advantages 0 (not a flat group)
     assert adv[2:].abs().sum() == 0 and m["frac_zero_std_groups"] == 0.0
+    batch, _ = turn_level_advantages(r, torch.tensor([1, 1, 2, 2]), torch.tensor([0, 0, 1, 1]), scale="batch")
+    none, _ = turn_level_advantages(r, torch.tensor([1, 1, 2, 2]), torch.tensor([0, 0, 1, 1]), scale="none")
+    returns = torch.tensor([1.0, 0.0, 4.0, 2.0, 4.0, 2.0], dtype=torch.float64)
+    torch.testing.assert_close(batch, none / (returns.std().item() + 1e-4))
     flat = torch.tensor([[1.0], [1.0]])
     adv, m = turn_level_advantages(flat, torch.tensor([1, 1]), torch.tensor([0, 0]), scale="group")
     assert adv.abs().sum() == 0 and m["frac_zero_std_groups"] == 1.0

@@ -12,7 +12,7 @@ from agentrl.losses.advantages import (
 )
 from agentrl.losses.aggregation import AGGREGATIONS, StepCounts, local_counts, register_aggregation
 from agentrl.losses.config import LossConfig, LossConfigError
-from agentrl.losses.credit import compute_advantages, turn_level_advantages, turns_to_tokens
+from agentrl.losses.credit import AdvantageMode, compute_advantages, turn_level_advantages, turns_to_tokens
 from agentrl.losses.inputs import LossInputs
 from agentrl.losses import objectives as _objectives  # noqa: F401  (registers the built-in losses)
 from agentrl.losses.policy import count_active_tokens, policy_loss
@@ -21,6 +21,7 @@ from agentrl.losses.weights import k3_kl, log_ratio, masked_seq_mean, sampler_we
 
 __all__ = [
     "AGGREGATIONS",
+    "AdvantageMode",
     "LOSSES",
     "LossConfig",
     "LossConfigError",

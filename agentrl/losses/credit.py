@@ -18,7 +18,7 @@ import torch
 
 from agentrl.losses.advantages import Scale, group_advantages
 
-Mode = Literal["episode", "turn"]
+AdvantageMode = Literal["episode", "turn"]  # the trainer's `advantage=episode|turn`
 TurnRewards = Sequence[Sequence[float | None]]
 
 
@@ -119,7 +119,7 @@ def compute_advantages(
     turn_rewards: TurnRewards,
     group_ids: Sequence[int] | torch.Tensor,
     *,
-    mode: Mode = "episode",
+    mode: AdvantageMode = "episode",
     scale: Scale = "group",
     gamma: float = 1.0,
     eps: float = 1e-4,
@@ -163,4 +163,4 @@ def turns_to_tokens(per_turn: torch.Tensor, token_turn: torch.Tensor) -> torch.T
     return torch.where(token_turn >= 0, out, 0.0)
 
 
-__all__ = ["Mode", "compute_advantages", "pad_turns", "reward_to_go", "turn_level_advantages", "turns_to_tokens"]
+__all__ = ["AdvantageMode", "compute_advantages", "pad_turns", "reward_to_go", "turn_level_advantages", "turns_to_tokens"]
