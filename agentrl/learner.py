@@ -18,12 +18,8 @@ import torch
 
 from agentrl.batch import Batch
 from agentrl.logprobs import completion_logprobs
-from agentrl.losses import LossConfig, policy_loss
+from agentrl.losses import LossConfig, StepCounts, local_counts, policy_loss
 from agentrl.reference import Reference
-
-# Losses whose normaliser is global (counts the whole optimizer step's tokens); the others are
-# per-micro-batch means, averaged over the accumulation steps.
-GLOBAL_NORMALISED = {"dapo", "cispo", "sapo"}
 
 
 @dataclass
@@ -39,6 +35,7 @@ class LearnSettings:
     mask_truncated_completions: bool
     ref_mix_alpha: float | None
     ref_mix_every: int
+    max_completion_tokens: int | None = None  # the constant of dr_grpo's constant-length sum
 
 
 class Learner:
@@ -95,20 +92,27 @@ class Learner:
         s, dev = self.settings, self.accelerator.device
         t0 = time.perf_counter()
         micro = chunk.split(s.micro_batch_size)
-        mask = batch.loss_mask[chunk]
-        active = mask * (~batch.truncated[chunk])[:, None] if s.mask_truncated_completions else mask
-        num_items = self.accelerator.reduce(torch.tensor(float(active.sum()), device=dev), reduction="sum")
+        truncated = batch.truncated if s.mask_truncated_completions else None
+        # the step's totals over every micro-batch and rank: each loss normalises by them, so the
+        # micro-batch losses sum to the step's loss (docs/losses.md, "the trainer contract")
+        totals = local_counts(batch.loss_mask[chunk], None if truncated is None else truncated[chunk])
+        totals = torch.cat([totals, torch.tensor([float(len(micro))], dtype=torch.float64)]).to(dev)
+        totals = self.accelerator.reduce(totals, reduction="sum")
+        counts = StepCounts.from_totals(
+            totals[:3].cpu(), int(totals[3]), num_processes=self.accelerator.num_processes,
+            max_completion_length=s.max_completion_tokens,
+        )
         sums: dict[str, float] = {}
         trained_tokens = 0
         for idx in micro:
             (lp, ent), keep = self._logprobs(self.policy, batch, idx, entropy=True)
             if old is None:  # a single pass: these are the logprobs under the sampling weights
                 _keep_trainer_logprobs(batch, idx, lp)
-            loss, m = self._loss(batch, idx, keep, lp, ent, old, ref, num_items, len(micro))
-            self.accelerator.backward(loss)
+            loss, m = self._loss(batch, idx, keep, lp, ent, old, ref, counts, truncated)
+            self.accelerator.backward(loss)  # the micro-batch losses sum to the step's loss
             trained_tokens += int(batch.loss_mask[idx].sum())
             for k, v in m.items():
-                sums[k] = sums.get(k, 0.0) + v / len(micro)
+                sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v / len(micro))  # loss shares add up
         # max_norm inf: the total norm without clipping, for the finiteness check below
         limit = s.max_grad_norm if s.max_grad_norm is not None else math.inf
         grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), limit))
@@ -130,9 +134,10 @@ class Learner:
         return out
 
     def _loss(
-        self, batch: Batch, idx: torch.Tensor, keep: int, lp: torch.Tensor, ent: torch.Tensor, old: Any, ref: Any, num_items: torch.Tensor, n_micro: int
+        self, batch: Batch, idx: torch.Tensor, keep: int, lp: torch.Tensor, ent: torch.Tensor, old: Any, ref: Any,
+        counts: StepCounts, truncated: torch.Tensor | None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The one ``policy_loss`` call: this micro-batch's loss, scaled for gradient accumulation."""
+        """The one ``policy_loss`` call: this micro-batch's share of the step's loss."""
         dev, sl = self.accelerator.device, slice(0, keep)
         loss, metrics = policy_loss(
             lp.float(),
@@ -140,15 +145,12 @@ class Learner:
             batch.advantages[idx][:, sl].to(dev),
             batch.loss_mask[idx][:, sl].to(dev),
             self.loss,
+            counts=counts,
             ref_logprobs=None if ref is None else ref[idx][:, sl].to(dev),
             sampler_logprobs=batch.sampler_logprobs[idx][:, sl].to(dev),
-            truncated=batch.truncated[idx].to(dev) if self.settings.mask_truncated_completions else None,
-            num_items_in_batch=num_items,
-            max_completion_length=batch.completion_len,
+            truncated=None if truncated is None else truncated[idx].to(dev),
             entropies=ent.float(),
         )
-        if self.loss.loss_type not in GLOBAL_NORMALISED:
-            loss = loss / n_micro
         return loss, metrics
 
 

@@ -2,48 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 import pydantic
 from pydantic import Field
 
 from agentrl.config import GeneratorSettings, ModelSettings, RolloutSettings, SamplingConfig, Strict
-from agentrl.losses import LossConfig, LossConfigError
+from agentrl.losses import LossConfig
 
 
-class LossSettings(Strict):
-    """Mirror of ``agentrl.losses.LossConfig`` (docs/losses.md has every formula)."""
-
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"] = "dapo"
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    delta: float | None = None
-    beta: float = 0.0
-    importance_sampling_level: Literal["token", "sequence"] = "token"
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    sampler_is_mode: Literal["truncate", "mask"] | None = "truncate"
-    sampler_is_level: Literal["token", "sequence", "geometric"] = "token"
-    sampler_is_cap: float = 2.0
-
-    @pydantic.model_validator(mode="after")
-    def _valid(self) -> LossSettings:
-        given = self.model_fields_set
-        if self.loss_type == "sapo" and given & {"epsilon", "epsilon_high"}:
-            raise ValueError("epsilon/epsilon_high have no effect with loss_type=sapo (it gates with sapo_temperature_pos/neg)")
-        if self.loss_type != "sapo" and given & {"sapo_temperature_pos", "sapo_temperature_neg"}:
-            raise ValueError(f"sapo_temperature_* have no effect with loss_type={self.loss_type}")
-        if self.sampler_is_mode is None and given & {"sampler_is_level", "sampler_is_cap"}:
-            raise ValueError("sampler_is_level/sampler_is_cap have no effect with sampler_is_mode=null")
-        try:
-            self.to_loss_config()
-        except LossConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return self
-
-    def to_loss_config(self) -> LossConfig:
-        return LossConfig(**self.model_dump())
+# The loss section is the loss module's own config class: one place for each default and bound.
+LossSettings = LossConfig
 
 
 class LoraSettings(Strict):
@@ -92,7 +61,7 @@ class TrainConfig(Strict):
     logprob_chunk_size: int = Field(1024, ge=1)
 
     # the objective
-    loss: LossSettings = Field(default_factory=LossSettings)
+    loss: LossConfig = Field(default_factory=LossConfig)
     advantage_scale: Literal["group", "batch", "none"] = "group"
     mask_truncated_completions: bool = False
     extra_rewards: list[ExtraReward] = Field(default_factory=list)
@@ -130,7 +99,3 @@ class TrainConfig(Strict):
             self.sampling.seed = self.seed
         return self
 
-
-def loss_config_fields_match() -> bool:
-    """True when LossSettings mirrors every LossConfig field (a test keeps them in step)."""
-    return {f.name for f in dataclasses.fields(LossConfig)} == set(LossSettings.model_fields)

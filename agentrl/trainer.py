@@ -97,8 +97,9 @@ class Trainer:
             micro_batch_size=cfg.micro_batch_size, num_iterations=cfg.num_iterations, steps_per_generation=cfg.steps_per_generation,
             temperature=cfg.sampling.temperature, logprob_chunk_size=cfg.logprob_chunk_size, max_grad_norm=cfg.max_grad_norm,
             mask_truncated_completions=cfg.mask_truncated_completions, ref_mix_alpha=cfg.ref_mix_alpha, ref_mix_every=cfg.ref_mix_every,
+            max_completion_tokens=cfg.rollout.max_completion_tokens,
         )
-        self.learner = Learner(self.accelerator, self.policy, self.optimizer, self.scheduler, self.reference, cfg.loss.to_loss_config(), settings)
+        self.learner = Learner(self.accelerator, self.policy, self.optimizer, self.scheduler, self.reference, cfg.loss, settings)
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.chat_format.stop_token_ids[0]
         self.pad_id = int(pad)

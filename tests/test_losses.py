@@ -10,15 +10,14 @@ import torch
 from agentrl.losses import (
     LOSSES,
     LossConfig,
-    LossConfigError,
+    StepCounts,
     count_active_tokens,
+    local_counts,
     group_advantages,
     log_ratio,
-    per_token_returns,
     policy_loss,
     register_loss,
     sampler_weight,
-    turn_advantages,
 )
 
 # Two sequences of different lengths: 3 and 1 active tokens (padding holds junk on purpose).
@@ -44,21 +43,29 @@ def onpolicy_logprobs() -> torch.Tensor:
         ("grpo", {}, (-1.0 + -2.0) / 2),  # mean per sequence, then over sequences
         ("bnpo", {}, -5.0 / 4),  # sum / local active tokens
         ("dr_grpo", {"max_completion_length": 5}, -5.0 / (2 * 5)),  # sum / (B x L)
-        ("dapo", {"num_items_in_batch": 10}, -5.0 / 10),  # sum / global active tokens
-        ("dapo", {}, -5.0 / 4),  # fallback: local active tokens
+        ("dapo", {"tokens": 10}, -5.0 / 10),  # sum / active tokens of the whole step
+        ("dapo", None, -5.0 / 4),  # no counts: this micro-batch is the step
+        ("grpo", {"sequences": 4}, (-1.0 + -2.0) / 4),  # the step has two more sequences elsewhere
+        ("bnpo", {"micro_batches": 2}, -5.0 / 4 / 2),
     ],
 )
 def test_normalisers(loss_type, kwargs, expected):
-    loss, metrics = policy_loss(onpolicy_logprobs(), None, ADV, MASK, LossConfig(loss_type=loss_type), **kwargs)
+    counts = None
+    if kwargs is not None:
+        base = {"tokens": 4, "sequences": 2, "rows": 2, "micro_batches": 1}
+        counts = StepCounts(**(base | kwargs))
+    loss, metrics = policy_loss(onpolicy_logprobs(), None, ADV, MASK, LossConfig(loss_type=loss_type), counts=counts)
     assert loss.item() == pytest.approx(expected)
     assert metrics["loss"] == pytest.approx(expected)
     assert metrics["num_active_tokens"] == 4
 
 
-def test_default_is_dapo_and_accepts_tensor_num_items():
-    assert LossConfig().loss_type == "dapo"
-    loss, _ = policy_loss(onpolicy_logprobs(), None, ADV, MASK, num_items_in_batch=torch.tensor(20))
-    assert loss.item() == pytest.approx(-5.0 / 20)
+def test_default_is_dapo_with_its_aggregation_and_override():
+    assert LossConfig().loss_type == "dapo" and LossConfig().resolved_aggregation == "token_mean"
+    defaults = {"grpo": "sequence_mean", "sapo": "sequence_mean", "bnpo": "local_token_mean", "dr_grpo": "constant_sum", "cispo": "token_mean"}
+    assert {k: LOSSES[k].aggregation for k in defaults} == defaults
+    loss, _ = policy_loss(onpolicy_logprobs(), None, ADV, MASK, LossConfig(loss_type="dapo", aggregation="sequence_mean"))
+    assert loss.item() == pytest.approx((-1.0 + -2.0) / 2)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"])
@@ -68,7 +75,8 @@ def test_on_policy_ratio_one_and_reinforce_gradient(loss_type):
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 1, 1, 0]], dtype=torch.bool)
     adv = torch.tensor([0.7, -1.3, 0.4])
     cfg = LossConfig(loss_type=loss_type)
-    loss, metrics = policy_loss(logp, None, adv, mask, cfg, max_completion_length=5)
+    counts = StepCounts.single(mask, max_completion_length=5)
+    loss, metrics = policy_loss(logp, None, adv, mask, cfg, counts=counts)
     loss.backward()
     assert metrics["ratio/mean"] == 1.0 and metrics["ratio/min"] == 1.0 and metrics["ratio/max"] == 1.0
     # REINFORCE: d loss / d logp_t = -A_i * (normaliser weight of token t).
@@ -76,6 +84,7 @@ def test_on_policy_ratio_one_and_reinforce_gradient(loss_type):
     lengths = mask.sum(-1, keepdim=True).float()
     weight = {
         "grpo": mask / lengths / 3,
+        "sapo": mask / lengths / 3,
         "dr_grpo": mask / (3 * 5),
     }.get(loss_type, mask / n)
     torch.testing.assert_close(logp.grad, -adv[:, None] * weight)
@@ -201,15 +210,15 @@ def test_sampler_weight_truncate_vs_mask():
     old = torch.zeros(1, 3)
     sampler = -torch.log(torch.tensor([[3.0, 0.2, 1.0]]))  # w = exp(old - sampler) = 3, 0.2, 1
     mask = torch.ones(1, 3)
-    w, raw, changed = sampler_weight(old, sampler, mask, mode="truncate", cap=2.0)
+    w, raw, changed, _ = sampler_weight(old, sampler, mask, mode="truncate", cap=2.0)
     torch.testing.assert_close(w, torch.tensor([[2.0, 0.2, 1.0]]))
     assert changed.tolist() == [[True, False, False]]
-    w, _, changed = sampler_weight(old, sampler, mask, mode="mask", cap=2.0)
+    w, _, changed, _ = sampler_weight(old, sampler, mask, mode="mask", cap=2.0, lower=0.5)
     torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 1.0]]))
     assert changed.tolist() == [[True, True, False]]
-    w, _, _ = sampler_weight(old, sampler, mask, level="sequence", mode="mask", cap=2.0)
+    w, _, _, _ = sampler_weight(old, sampler, mask, level="sequence", mode="mask", cap=2.0, lower=0.5)
     torch.testing.assert_close(w, torch.full((1, 3), 0.6))  # product 3 * 0.2 * 1
-    w, _, _ = sampler_weight(old, sampler, mask, level="geometric", mode="truncate", cap=2.0)
+    w, _, _, _ = sampler_weight(old, sampler, mask, level="geometric", mode="truncate", cap=2.0)
     torch.testing.assert_close(w, torch.full((1, 3), 0.6 ** (1 / 3)))
     assert not w.requires_grad
 
@@ -234,7 +243,8 @@ def test_truncated_rows_removed():
     for loss_type, expected in (("grpo", -1.0), ("bnpo", -1.0), ("dapo", -1.0), ("dr_grpo", -3.0 / (2 * 5))):
         logp = onpolicy_logprobs()
         cfg = LossConfig(loss_type=loss_type)
-        loss, m = policy_loss(logp, None, ADV, MASK, cfg, truncated=truncated, max_completion_length=5)
+        counts = StepCounts.single(MASK, truncated, max_completion_length=5)
+        loss, m = policy_loss(logp, None, ADV, MASK, cfg, truncated=truncated, counts=counts)
         assert loss.item() == pytest.approx(expected), loss_type
         assert m["num_active_tokens"] == 3 and m["num_truncated"] == 1
         loss.backward()
@@ -265,6 +275,13 @@ def test_all_masked_gives_zero_loss_with_graph():
     ("kwargs", "match"),
     [
         ({"loss_type": "ppo2"}, "unknown"),
+        ({"loss_type": "no_such_file.py:x"}, "file not found"),
+        ({"loss_type": "no_such_module_xyz:x"}, "cannot import"),
+        ({"aggregation": "median"}, "aggregation"),
+        ({"kl_ratio_weighted": True}, "no effect with beta=0"),
+        ({"sampler_is_mode": None, "sampler_is_min": 0.5}, "no effect"),
+        ({"sampler_is_min": 1.5}, "sampler_is_min"),
+        ({"loss_type": "sapo", "epsilon": 0.3}, "no effect with loss_type=sapo"),
         ({"loss_type": "cispo", "delta": 2.0}, "delta"),
         ({"loss_type": "sapo", "delta": 2.0}, "delta"),
         ({"delta": 1.1}, "delta"),
@@ -279,7 +296,7 @@ def test_all_masked_gives_zero_loss_with_graph():
     ],
 )
 def test_config_errors(kwargs, match):
-    with pytest.raises(LossConfigError, match=match):
+    with pytest.raises(ValueError, match=match):
         LossConfig(**kwargs)
 
 
@@ -289,22 +306,28 @@ def test_call_errors():
         policy_loss(lp, None, ADV, MASK, LossConfig(beta=0.1))
     with pytest.raises(ValueError, match="max_completion_length"):
         policy_loss(lp, None, ADV, MASK, LossConfig(loss_type="dr_grpo"))
+    with pytest.raises(ValueError, match="per-token loss"):
+        policy_loss(lp, None, ADV, MASK, LossConfig(loss_type="test_scalar_loss"))
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(lp, None, torch.ones(3), MASK)
     with pytest.raises(ValueError, match="old_logprobs"):
         policy_loss(lp, torch.zeros(2, 4), ADV, MASK)
-    with pytest.raises(ValueError, match="num_items_in_batch"):
-        policy_loss(lp, None, ADV, MASK, num_items_in_batch=0)
+
+
+@register_loss("test_scalar_loss")
+def _scalar_loss(inp):  # the old contract (a scalar): policy_loss must name the problem
+    return inp.ratio.sum(), {}
 
 
 def test_register_custom_loss():
-    @register_loss("test_sum")
+    @register_loss("test_sum", aggregation="constant_sum")
     def test_sum(inp):
-        return (-inp.ratio * inp.advantages * inp.mask).sum(), {}
+        return -inp.ratio * inp.advantages, {}
 
     try:
-        loss, _ = policy_loss(onpolicy_logprobs(), None, ADV, MASK, LossConfig(loss_type="test_sum"))
-        assert loss.item() == pytest.approx(-5.0)
+        counts = StepCounts.single(MASK, max_completion_length=1)
+        loss, _ = policy_loss(onpolicy_logprobs(), None, ADV, MASK, LossConfig(loss_type="test_sum"), counts=counts)
+        assert loss.item() == pytest.approx(-5.0 / 2)
         with pytest.raises(ValueError, match="already registered"):
             register_loss("test_sum")(lambda inp: (inp.mask.sum(), {}))
     finally:
@@ -358,44 +381,148 @@ def test_group_advantages_all_missing_group_and_errors():
         group_advantages([0.0, 1.0], torch.tensor([0, 0]), scale="rank")
 
 
-def test_per_token_returns_reward_to_go():
-    rewards = torch.tensor([[1.0, float("nan"), 2.0]])
-    turns = torch.tensor([[-1, 0, 0, 1, 2, 2]])
-    torch.testing.assert_close(per_token_returns(rewards, turns), torch.tensor([[0, 3, 3, 2, 2, 2]], dtype=torch.float64))
-    expected = torch.tensor([[0, 1.5, 1.5, 1.0, 2.0, 2.0]], dtype=torch.float64)
-    torch.testing.assert_close(per_token_returns(rewards, turns, gamma=0.5), expected)
+# ---- the trainer contract: shares of micro-batches and ranks add up to the step's loss ----------
 
 
-def test_turn_advantages():
-    nan = float("nan")
-    rewards = torch.tensor([[0.0, 1.0], [nan, 0.0], [nan, nan]])  # row 2 has no reward at all
-    turns = torch.tensor([[0, 0, 1], [0, 1, 1], [0, 0, -1]])
-    adv, m = turn_advantages(rewards, turns, torch.tensor([0, 0, 0]), scale="none")
-    # returns: row 0 -> [1, 1], row 1 -> [0, 0]; group mean over 4 (episode, turn) pairs is 0.5
-    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5, 0.5], [-0.5, -0.5, -0.5], [0.0, 0.0, 0.0]]))
-    assert m["num_no_reward"] == 1 and m["return_mean"] == 0.5
-    adv, m = turn_advantages(rewards[:1], turns[:1], torch.tensor([0]))
-    assert adv.abs().sum() == 0 and m["frac_zero_std_groups"] == 1.0  # one episode, returns [1, 1]
-
-
-@pytest.mark.parametrize("loss_type", ["dapo", "cispo", "sapo"])
-def test_global_normaliser_makes_accumulation_exact(loss_type):
-    """Micro-batches with num_items_in_batch = all active tokens sum to the full batch's loss and gradient."""
+def _step_data():
     torch.manual_seed(0)
-    lp = (torch.randn(4, 5) - 1).requires_grad_(True)
-    old = lp.detach() + 0.1 * torch.randn(4, 5)
-    adv = torch.tensor([1.0, -0.5, 2.0, -1.5])
-    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    lp = (torch.randn(6, 5, dtype=torch.float64) - 1).requires_grad_(True)
+    old = lp.detach() + 0.1 * torch.randn(6, 5, dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5, 0.3, 0.0], dtype=torch.float64)
+    mask = torch.tensor(
+        [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool
+    )
+    return lp, old, adv, mask
+
+
+def _counts(mask, parts, ranks=1):
+    totals = sum(local_counts(mask[i]) for i in parts)
+    return StepCounts.from_totals(totals, micro_batches=len(parts), num_processes=ranks, max_completion_length=5)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "cispo", "sapo"])
+def test_micro_batch_shares_sum_to_the_step_loss(loss_type):
+    """Uneven micro-batches with the step's counts give exactly the one-batch loss and gradient."""
+    lp, old, adv, mask = _step_data()
     cfg = LossConfig(loss_type=loss_type)
-    n = int(mask.sum())
-    full, _ = policy_loss(lp, old, adv, mask, cfg, num_items_in_batch=n)
+    whole = [slice(0, 6)]
+    full, _ = policy_loss(lp, old, adv, mask, cfg, counts=_counts(mask, whole))
     (g_full,) = torch.autograd.grad(full, lp)
-    parts = [policy_loss(lp[i], old[i], adv[i], mask[i], cfg, num_items_in_batch=n)[0] for i in (slice(0, 1), slice(1, 4))]
-    total = parts[0] + parts[1]
+    parts = [slice(0, 1), slice(1, 4), slice(4, 6)]
+    counts = _counts(mask, parts)
+    total = sum(policy_loss(lp[i], old[i], adv[i], mask[i], cfg, counts=counts)[0] for i in parts)
     (g_acc,) = torch.autograd.grad(total, lp)
-    assert torch.allclose(total, full, atol=1e-6)
-    assert torch.allclose(g_acc, g_full, atol=1e-6)
-    # bnpo normalises locally, so the same split would not add up: that is why the trainer averages it.
-    b_full, _ = policy_loss(lp, old, adv, mask, LossConfig(loss_type="bnpo"))
-    b_parts = sum(policy_loss(lp[i], old[i], adv[i], mask[i], LossConfig(loss_type="bnpo"))[0] for i in (slice(0, 1), slice(1, 4)))
-    assert not torch.allclose(b_parts, b_full)
+    torch.testing.assert_close(total, full, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g_acc, g_full, rtol=0, atol=1e-12)
+
+
+def test_local_token_mean_is_the_mean_of_micro_batch_means():
+    lp, old, adv, mask = _step_data()
+    cfg = LossConfig(loss_type="bnpo")
+    parts = [slice(0, 2), slice(2, 4), slice(4, 6)]
+    counts = _counts(mask, parts)
+    total = sum(policy_loss(lp[i], old[i], adv[i], mask[i], cfg, counts=counts)[0] for i in parts)
+    means = [policy_loss(lp[i], old[i], adv[i], mask[i], cfg)[0] for i in parts]
+    torch.testing.assert_close(total, sum(means) / 3)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant_sum", "local_token_mean"])
+def test_ddp_mean_of_rank_gradients_is_the_step_gradient(aggregation):
+    """Two ranks, two micro-batches each: DDP's mean over ranks of each rank's summed loss is the step's loss."""
+    lp, old, adv, mask = _step_data()
+    cfg = LossConfig(loss_type="dapo", aggregation=aggregation)
+    ranks = [[slice(0, 2), slice(2, 3)], [slice(3, 5), slice(5, 6)]]
+    every = [p for r in ranks for p in r]
+    full = sum(policy_loss(lp[i], old[i], adv[i], mask[i], cfg, counts=_counts(mask, every))[0] for i in every)
+    (g_full,) = torch.autograd.grad(full, lp)
+    counts = _counts(mask, every, ranks=2)  # what each rank gets after the all-reduce
+    per_rank = [sum(policy_loss(lp[i], old[i], adv[i], mask[i], cfg, counts=counts)[0] for i in r) for r in ranks]
+    ddp = (per_rank[0] + per_rank[1]) / 2  # DDP averages the ranks' gradients
+    (g_ddp,) = torch.autograd.grad(ddp, lp)
+    torch.testing.assert_close(ddp, full, rtol=0, atol=1e-12)
+    torch.testing.assert_close(g_ddp, g_full, rtol=0, atol=1e-12)
+
+
+# ---- TRL parity switches -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+def test_non_finite_sampler_logprob_is_no_correction(level):
+    logp = leaf([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    sampler = torch.tensor([[float("nan"), -math.log(1.5), float("-inf")], [float("nan"), 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    loss, m = policy_loss(logp, None, torch.ones(2), mask, LossConfig(loss_type="bnpo", sampler_is_level=level), sampler_logprobs=sampler)
+    assert math.isfinite(loss.item()) and m["is_ratio/num_nonfinite_sampler"] == 3
+    w_row0 = {"token": [1.0, 1.5, 1.0], "sequence": [1.5] * 3, "geometric": [1.5 ** (1 / 3)] * 3}[level]
+    assert loss.item() == pytest.approx(-(sum(w_row0) + 2.0) / 5)
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+
+
+def test_sampler_lower_bound_separate_from_the_cap():
+    old = torch.zeros(1, 3)
+    sampler = -torch.log(torch.tensor([[3.0, 0.2, 0.6]]))  # w = 3, 0.2, 0.6
+    logp = leaf([[0.0, 0.0, 0.0]])
+    args = (logp, None, torch.ones(1), torch.ones(1, 3))
+    # default mask bounds [1/cap, cap] = [0.5, 2]: 3 and 0.2 masked
+    loss, _ = policy_loss(*args, LossConfig(loss_type="bnpo", sampler_is_mode="mask"), sampler_logprobs=sampler)
+    assert loss.item() == pytest.approx(-0.6 / 3)
+    # TRL's mask with no lower bound (vllm_importance_sampling_clip_min=None): only 3 masked
+    cfg = LossConfig(loss_type="bnpo", sampler_is_mode="mask", sampler_is_cap=2.0, sampler_is_min=0.0)
+    loss, _ = policy_loss(*args, cfg, sampler_logprobs=sampler)
+    assert loss.item() == pytest.approx(-(0.2 + 0.6) / 3)
+    # truncation with a floor: clamp into [0.7, 2]
+    cfg = LossConfig(loss_type="bnpo", sampler_is_mode="truncate", sampler_is_min=0.7)
+    loss, _ = policy_loss(*args, cfg, sampler_logprobs=sampler)
+    assert loss.item() == pytest.approx(-(2.0 + 0.7 + 0.7) / 3)
+    assert sampler_weight(old, sampler, torch.ones(1, 3), lower=0.7)[0][0].tolist() == pytest.approx([2.0, 0.7, 0.7])
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_ratio_weighted_kl(level):
+    logp = leaf([[-1.0, -2.0]])
+    old = torch.tensor([[-1.2, -1.9]])
+    ref = torch.tensor([[-0.5, -2.3]])
+    cfg = LossConfig(loss_type="bnpo", beta=0.1, kl_ratio_weighted=True, epsilon=100.0, importance_sampling_level=level)
+    loss, _ = policy_loss(logp, old, torch.zeros(1), torch.ones(1, 2), cfg, ref_logprobs=ref)
+    (g,) = torch.autograd.grad(loss, logp)
+    x = logp.detach().clone().requires_grad_(True)
+    kl = torch.exp(ref - x) - (ref - x) - 1
+    r = torch.exp(x - old) if level == "token" else torch.exp((x - old).mean()).expand(1, 2)
+    expected = 0.1 * (kl * r).mean()
+    (g_ref,) = torch.autograd.grad(expected, x)
+    assert loss.item() == pytest.approx(expected.item())
+    torch.testing.assert_close(g, g_ref)
+    plain, _ = policy_loss(logp, old, torch.zeros(1), torch.ones(1, 2), LossConfig(loss_type="bnpo", beta=0.1), ref_logprobs=ref)
+    assert plain.item() != pytest.approx(loss.item())
+
+
+# ---- a loss from a user's file or module ---------------------------------------------------------
+
+USER_LOSS = '''
+from agentrl.losses import register_loss
+
+
+@register_loss("{name}", aggregation="sequence_mean")
+def half_reinforce(inp):
+    return -0.5 * inp.ratio * inp.advantages, {{}}
+'''
+
+
+def test_loss_from_a_file_and_a_module(tmp_path, monkeypatch):
+    path = tmp_path / "my_losses.py"
+    path.write_text(USER_LOSS.format(name="test_half_file"))
+    (tmp_path / "my_loss_module.py").write_text(USER_LOSS.format(name="test_half_module"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        for spec in (f"{path}:test_half_file", f"{path}:half_reinforce", "my_loss_module:test_half_module"):
+            cfg = LossConfig(loss_type=spec)
+            assert cfg.resolved_aggregation == "sequence_mean"
+            loss, _ = policy_loss(onpolicy_logprobs(), None, ADV, MASK, cfg)
+            assert loss.item() == pytest.approx(0.5 * (-1.0 - 2.0) / 2), spec
+        assert LossConfig(loss_type="test_half_file").loss_type == "test_half_file"  # registered now
+        with pytest.raises(ValueError, match="no loss 'nothing' is registered"):
+            LossConfig(loss_type=f"{path}:nothing")
+    finally:
+        LOSSES.pop("test_half_file", None)
+        LOSSES.pop("test_half_module", None)

@@ -1,37 +1,50 @@
 """Policy losses of the GRPO family, advantages and their helpers: pure tensor functions.
 
 Formulas, normalisers and papers: ``docs/losses.md``. Entry points: :func:`policy_loss` per
-micro-batch, :func:`group_advantages` / :func:`turn_advantages` once per generation batch.
+micro-batch; :func:`compute_advantages` (or :func:`group_advantages` / :func:`turn_level_advantages`)
+once per generation batch.
 """
 
 from agentrl.losses.advantages import (
     combine_rewards,
     group_advantages,
-    per_token_returns,
     rewards_tensor,
-    turn_advantages,
 )
+from agentrl.losses.aggregation import AGGREGATIONS, StepCounts, local_counts, register_aggregation
 from agentrl.losses.config import LossConfig, LossConfigError
+from agentrl.losses.credit import AdvantageMode, compute_advantages, turn_level_advantages, turns_to_tokens
+from agentrl.losses.inputs import LossInputs
+from agentrl.losses import objectives as _objectives  # noqa: F401  (registers the built-in losses)
 from agentrl.losses.policy import count_active_tokens, policy_loss
-from agentrl.losses.registry import LOSSES, LossFn, LossInputs, register_loss
+from agentrl.losses.registry import LOSSES, LossFn, LossSpec, UnknownLoss, loss_names, register_loss, resolve_loss
 from agentrl.losses.weights import k3_kl, log_ratio, masked_seq_mean, sampler_weight
 
 __all__ = [
+    "AGGREGATIONS",
+    "AdvantageMode",
     "LOSSES",
     "LossConfig",
     "LossConfigError",
     "LossFn",
     "LossInputs",
+    "LossSpec",
+    "StepCounts",
+    "UnknownLoss",
     "combine_rewards",
+    "compute_advantages",
     "count_active_tokens",
     "group_advantages",
     "k3_kl",
+    "local_counts",
     "log_ratio",
+    "loss_names",
     "masked_seq_mean",
-    "per_token_returns",
     "policy_loss",
+    "register_aggregation",
     "register_loss",
+    "resolve_loss",
     "rewards_tensor",
     "sampler_weight",
-    "turn_advantages",
+    "turn_level_advantages",
+    "turns_to_tokens",
 ]

@@ -1,4 +1,4 @@
-"""Group-relative advantages, per episode or per token (from per-turn rewards).
+"""Group-relative advantages of episodes (per-turn credit: ``agentrl.losses.credit``).
 
 Call these on the whole generation batch (gathered across processes) before splitting it into
 micro-batches: group and batch statistics must see every episode of a group. Missing rewards are
@@ -141,82 +141,8 @@ def group_advantages(
     return adv.float(), metrics
 
 
-def per_token_returns(turn_rewards: torch.Tensor, token_turn: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
-    """[B, T] reward-to-go of each token's turn: ``G_k = sum_{j >= k} gamma^(j-k) r_j`` within the episode.
-
-    ``turn_rewards``: [B, K], NaN where a turn has no reward (counts as 0). ``token_turn``: [B, T]
-    long, the turn index of each token, -1 for tokens outside every turn (they get 0).
-    """
-    return _gather_turns(_reward_to_go(turn_rewards, gamma), token_turn)
-
-
-def _reward_to_go(turn_rewards: torch.Tensor, gamma: float) -> torch.Tensor:
-    r = torch.nan_to_num(turn_rewards.to(torch.float64), nan=0.0)
-    rtg = torch.zeros_like(r)
-    running = torch.zeros(r.shape[0], dtype=r.dtype, device=r.device)
-    for k in range(r.shape[1] - 1, -1, -1):  # K (turns) is small
-        running = r[:, k] + gamma * running
-        rtg[:, k] = running
-    return rtg
-
-
-def _gather_turns(per_turn: torch.Tensor, token_turn: torch.Tensor) -> torch.Tensor:
-    token_turn = token_turn.to(device=per_turn.device, dtype=torch.long)
-    if token_turn.numel() and int(token_turn.max()) >= per_turn.shape[1]:
-        raise ValueError(f"token_turn has turn {int(token_turn.max())} but only {per_turn.shape[1]} turn rewards")
-    out = torch.gather(per_turn, 1, token_turn.clamp(min=0))
-    return torch.where(token_turn >= 0, out, 0.0)
-
-
-def turn_advantages(
-    turn_rewards: RewardRows,
-    token_turn: torch.Tensor,
-    group_ids: torch.Tensor,
-    *,
-    weights: Sequence[float] | torch.Tensor | None = None,
-    scale: Scale = "group",
-    gamma: float = 1.0,
-    eps: float = 1e-4,
-    zero_std_tol: float = 1e-6,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """[B, T] per-token advantages from per-turn rewards.
-
-    Each turn's return is its reward-to-go within the episode (:func:`per_token_returns`); returns
-    are then normalised within the group over all (episode, turn) pairs that have tokens, each turn
-    counted once whatever its length; every token of a turn gets its turn's advantage.
-    ``turn_rewards``: [B, K] or [B, K, C] components (NaN/None missing; pad episodes with fewer
-    turns with None). ``token_turn``: [B, T], -1 outside every turn. Put an episode-level reward on
-    the episode's last turn.
-    """
-    r = rewards_tensor(turn_rewards)
-    per_turn = combine_rewards(r if r.dim() == 3 else r[..., None], weights)
-    if per_turn.dim() != 2:
-        raise ValueError(f"turn_rewards must be [B, K] or [B, K, C], got {tuple(r.shape)}")
-    B, K = per_turn.shape
-    token_turn = torch.as_tensor(token_turn, dtype=torch.long)
-    group_ids = torch.as_tensor(group_ids)
-    if token_turn.shape[0] != B or group_ids.shape != (B,):
-        raise ValueError(f"token_turn {tuple(token_turn.shape)} / group_ids {tuple(group_ids.shape)} do not match {B} rows")
-    if token_turn.numel() and (int(token_turn.max()) >= K or int(token_turn.min()) < -1):
-        raise ValueError(f"token_turn must lie in [-1, {K - 1}] for {K} turn rewards")
-    has_reward = ~torch.isnan(per_turn).all(-1)  # [B]
-    rtg = _reward_to_go(per_turn, gamma)
-    present = torch.zeros(B, K + 1, dtype=torch.bool).scatter_(1, token_turn + 1, True)[:, 1:]
-    valid = present & has_reward[:, None]
-    groups = group_ids[:, None].expand(B, K)
-    adv_turn, metrics = _normalise(rtg.reshape(-1), valid.reshape(-1), groups.reshape(-1), scale, eps, zero_std_tol)
-    adv = _gather_turns(adv_turn.view(B, K), token_turn)
-    metrics["return_mean"] = metrics.pop("reward_mean")  # statistics of per-turn returns here
-    metrics["return_std"] = metrics.pop("reward_std")
-    metrics["num_no_reward"] = float((~has_reward).sum())
-    metrics.update(_adv_stats(adv_turn[valid.reshape(-1)]))
-    return adv.float(), metrics
-
-
 __all__ = [
     "combine_rewards",
     "group_advantages",
-    "per_token_returns",
     "rewards_tensor",
-    "turn_advantages",
 ]

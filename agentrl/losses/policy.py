@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from agentrl.losses.aggregation import AGGREGATIONS, StepCounts, active_mask
 from agentrl.losses.config import LossConfig
-from agentrl.losses.registry import LOSSES, LossInputs
-from agentrl.losses.weights import k3_kl, log_ratio, sampler_weight
+from agentrl.losses.inputs import LossInputs
+from agentrl.losses.weights import k3_kl, kl_weight, log_ratio, sampler_weight
 
 
 def count_active_tokens(mask: torch.Tensor, truncated: torch.Tensor | None = None) -> int:
-    """Active tokens as ``policy_loss`` counts them (truncated rows excluded).
-
-    Sum this over every micro-batch of the generation batch and every process to get
-    ``num_items_in_batch`` for the dapo/cispo/sapo normaliser.
-    """
-    m = mask > 0
-    if truncated is not None:
-        m = m & ~truncated.bool().to(m.device)[:, None]
-    return int(m.sum())
+    """Active tokens as ``policy_loss`` counts them (truncated rows excluded)."""
+    return int(active_mask(mask, truncated).sum())
 
 
 def _stats(x: torch.Tensor, active: torch.Tensor, name: str, out: dict[str, torch.Tensor]) -> None:
@@ -38,14 +32,19 @@ def policy_loss(
     mask: torch.Tensor,
     cfg: LossConfig | None = None,
     *,
+    counts: StepCounts | None = None,
     ref_logprobs: torch.Tensor | None = None,
     sampler_logprobs: torch.Tensor | None = None,
     truncated: torch.Tensor | None = None,
-    num_items_in_batch: int | float | torch.Tensor | None = None,
-    max_completion_length: int | None = None,
     entropies: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Scalar loss of one micro-batch and its metrics (floats, local to this micro-batch).
+    """This micro-batch's share of the optimizer step's loss, and its metrics (floats, local).
+
+    Contract with the trainer: pass every micro-batch of a step the same ``counts`` (totals over
+    all micro-batches and all ranks, :class:`StepCounts`) and backpropagate the *sum* of the
+    returned losses; the result is the step's loss whatever the micro-batch split, and under DDP
+    (which averages gradients over ranks) the gradient of the whole step's loss, because the share
+    is multiplied by ``counts.num_processes``. ``counts=None`` means this micro-batch is the step.
 
     Shapes: ``logprobs``/``old_logprobs``/``ref_logprobs``/``sampler_logprobs``/``mask``/
     ``entropies`` [B, T]; ``advantages`` [B] (per sequence) or [B, T] (per token); ``truncated`` [B]
@@ -67,10 +66,10 @@ def policy_loss(
     if cfg.beta > 0 and ref_logprobs is None:
         raise ValueError(f"beta={cfg.beta} needs ref_logprobs for the KL penalty")
 
-    m = (mask > 0).to(logprobs.dtype)
-    if truncated is not None:
-        m = m * (~truncated.bool().to(m.device))[:, None].to(m.dtype)
-    active = m > 0
+    active = active_mask(mask, truncated)
+    m = active.to(logprobs.dtype)
+    if counts is None:
+        counts = StepCounts.single(mask, truncated)
     adv = advantages.detach().to(device=logprobs.device, dtype=logprobs.dtype)
     if adv.shape == (B,):
         adv = adv[:, None].expand(B, T)
@@ -80,32 +79,33 @@ def policy_loss(
 
     tm: dict[str, torch.Tensor] = {}
     lr = log_ratio(logprobs, old_logprobs, m, cfg.importance_sampling_level)
-    is_weight = None
+    spec = cfg.spec
+    per_token, loss_metrics = spec.fn(LossInputs(logprobs=logprobs, log_ratio=lr, advantages=adv, mask=m, cfg=cfg))
+    if per_token.shape != (B, T):
+        raise ValueError(f"loss {spec.name!r} returned shape {tuple(per_token.shape)}; a loss returns the per-token loss {(B, T)}")
+
     if sampler_logprobs is not None and cfg.sampler_is_mode is not None:
         old = logprobs.detach() if old_logprobs is None else old_logprobs
-        is_weight, raw, changed = sampler_weight(
-            old, sampler_logprobs, m, level=cfg.sampler_is_level, mode=cfg.sampler_is_mode, cap=cfg.sampler_is_cap
+        lower, upper = cfg.sampler_is_bounds
+        is_weight, raw, changed, nonfinite = sampler_weight(
+            old, sampler_logprobs, m, level=cfg.sampler_is_level, mode=cfg.sampler_is_mode, cap=upper, lower=lower
         )
+        per_token = per_token * is_weight
         _stats(raw, active, "is_ratio", tm)
         word = "masked" if cfg.sampler_is_mode == "mask" else "truncated"
         tm[f"is_ratio/frac_{word}"] = (changed & active).sum() / active.sum().clamp(min=1)
-    kl = None
+        tm["is_ratio/num_nonfinite_sampler"] = nonfinite.sum()
     if ref_logprobs is not None:
         kl = k3_kl(logprobs, ref_logprobs, m)
         _stats(kl, active, "kl", tm)
+        if cfg.beta > 0:
+            if cfg.kl_ratio_weighted:
+                kl = kl * kl_weight(logprobs, old_logprobs, m, cfg.importance_sampling_level)
+            per_token = per_token + cfg.beta * kl
 
-    inp = LossInputs(
-        logprobs=logprobs,
-        log_ratio=lr,
-        advantages=adv,
-        mask=m,
-        cfg=cfg,
-        is_weight=is_weight,
-        kl=kl if cfg.beta > 0 else None,
-        num_items_in_batch=num_items_in_batch,
-        max_completion_length=max_completion_length,
-    )
-    loss, loss_metrics = LOSSES[cfg.loss_type](inp)
+    aggregation = cfg.resolved_aggregation
+    share = AGGREGATIONS[aggregation](torch.where(active, per_token, 0.0), m, counts)
+    loss = share * counts.num_processes
 
     tm.update(loss_metrics)
     _stats(torch.exp(lr), active, "ratio", tm)

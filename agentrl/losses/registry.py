@@ -1,176 +1,129 @@
-"""One function per loss type, looked up by name in ``LOSSES``.
+"""The loss registry: one decorated function per objective, found by name or by import spec.
 
-Every loss function receives the prepared :class:`LossInputs` (ratios already at the configured
-level, truncated rows already removed from the mask, sampler weights and KL already computed) and
-returns the scalar loss plus its own tensor metrics. Adding a loss is one decorated function.
+A loss function takes the prepared :class:`~agentrl.losses.inputs.LossInputs` and returns the
+per-token loss [B, T] (minus the objective; masking, the sampler weight, the KL term and the
+aggregation are applied by ``policy_loss``) plus its own tensor metrics. ``@register_loss`` also
+declares the loss's default aggregation, which ``loss.aggregation`` overrides.
+
+``loss.loss_type`` accepts a registered name, a name published by an installed package under the
+``agentrl.losses`` entry-point group (``name = "module"``: importing it registers the loss), or an
+import spec ``"package.module:name"`` / ``"path/to/file.py:name"``: the module is imported once
+(its ``@register_loss`` decorators run) and ``name`` is the registered name or the decorated
+function's attribute name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from importlib.metadata import entry_points
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from agentrl.losses.config import LossConfig
+from agentrl.losses.aggregation import AGGREGATIONS
 
 Metrics = dict[str, torch.Tensor]
-LossFn = Callable[["LossInputs"], tuple[torch.Tensor, Metrics]]
+LossFn = Callable[[Any], tuple[torch.Tensor, Metrics]]  # (LossInputs) -> (per-token loss [B, T], metrics)
+ENTRY_POINT_GROUP = "agentrl.losses"
 
-LOSSES: dict[str, LossFn] = {}
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A registered loss: its function and the aggregation it uses unless the config overrides it."""
+
+    name: str
+    fn: LossFn
+    aggregation: str
 
 
-def register_loss(name: str) -> Callable[[LossFn], LossFn]:
-    """Decorator: make ``fn`` available as ``LossConfig(loss_type=name)``."""
+LOSSES: dict[str, LossSpec] = {}
+_RESOLVED: dict[str, LossSpec] = {}  # import spec -> spec, so a user file is executed once per process
+
+
+class UnknownLoss(LookupError):
+    """No loss matches a ``loss_type``; the message lists what is known."""
+
+
+def register_loss(name: str, *, aggregation: str = "token_mean") -> Callable[[LossFn], LossFn]:
+    """Decorator: make ``fn`` selectable as ``loss.loss_type=name``, aggregated by ``aggregation`` by default."""
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"register_loss({name!r}): unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
 
     def deco(fn: LossFn) -> LossFn:
-        if name in LOSSES and LOSSES[name] is not fn:
-            raise ValueError(f"loss {name!r} is already registered")
-        LOSSES[name] = fn
+        old = LOSSES.get(name)
+        same = old is not None and (old.fn is fn or _qualname(old.fn) == _qualname(fn))
+        if old is not None and not same:
+            raise ValueError(f"loss {name!r} is already registered by {_qualname(old.fn)}")
+        LOSSES[name] = LossSpec(name, fn, aggregation)
+        fn.__agentrl_loss__ = name  # type: ignore[attr-defined]
         return fn
 
     return deco
 
 
-@dataclass
-class LossInputs:
-    """Everything a loss needs, all [B, T] and aligned; ``mask`` is float 0/1 and final."""
-
-    logprobs: torch.Tensor  # current policy, with grad
-    log_ratio: torch.Tensor  # log of the PPO ratio at the configured level, with grad
-    advantages: torch.Tensor  # [B, T], no grad
-    mask: torch.Tensor  # active tokens (truncated rows already zeroed)
-    cfg: LossConfig
-    is_weight: torch.Tensor | None = None  # detached sampler-vs-trainer weight, already capped/masked
-    kl: torch.Tensor | None = None  # per-token k3 KL to the reference, with grad
-    num_items_in_batch: float | torch.Tensor | None = None
-    max_completion_length: int | None = None
-
-    @property
-    def ratio(self) -> torch.Tensor:
-        return torch.exp(self.log_ratio)
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-# ---- per-token pieces ---------------------------------------------------------------------------
+def loss_names() -> list[str]:
+    """Registered names and installed plugin names, sorted."""
+    return sorted(set(LOSSES) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask > 0, x, 0.0).sum() / mask.sum().clamp(min=1)
+def resolve_loss(loss_type: str) -> LossSpec:
+    """The :class:`LossSpec` behind a name, a plugin name or an import spec; :class:`UnknownLoss` otherwise."""
+    if not isinstance(loss_type, str) or not loss_type:
+        raise UnknownLoss(f"loss_type must be a non-empty string, got {loss_type!r}")
+    if loss_type in LOSSES:
+        return LOSSES[loss_type]
+    if loss_type in _RESOLVED:
+        return _RESOLVED[loss_type]
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == loss_type:
+            ep.load()  # importing the plugin module runs its @register_loss
+            if loss_type in LOSSES:
+                return LOSSES[loss_type]
+            raise UnknownLoss(f"plugin {ep.value!r} (entry point {loss_type!r}) registered no loss named {loss_type!r}")
+    if ":" in loss_type:
+        spec = _from_import_spec(loss_type)
+        _RESOLVED[loss_type] = spec
+        return spec
+    raise UnknownLoss(
+        f"loss_type={loss_type!r} is unknown; known: {', '.join(loss_names())}. "
+        "A loss of your own: decorate it with @agentrl.losses.register_loss(name) and give "
+        "loss_type='path/to/file.py:name' or 'package.module:name' (or publish it under the "
+        "'agentrl.losses' entry-point group)."
+    )
 
 
-def _finish(objective: torch.Tensor, inp: LossInputs) -> torch.Tensor:
-    """Per-token loss: minus the objective, weighted by the sampler correction, plus beta * KL."""
-    loss = -objective
-    if inp.is_weight is not None:
-        loss = loss * inp.is_weight
-    if inp.kl is not None and inp.cfg.beta != 0.0:
-        loss = loss + inp.cfg.beta * inp.kl
-    return torch.where(inp.mask > 0, loss, 0.0)
+def _from_import_spec(loss_type: str) -> LossSpec:
+    from agentrl.registry import UnknownEnvironment, load_object  # the one loader of user files
+
+    name = loss_type.rpartition(":")[2]
+    try:
+        obj = load_object(loss_type)
+    except UnknownEnvironment as exc:  # also "has no attribute": the registered name may differ from it
+        if name in LOSSES:
+            return LOSSES[name]
+        if "has no attribute" in str(exc):
+            raise UnknownLoss(_not_registered(loss_type, name)) from None
+        raise UnknownLoss(f"loss_type={loss_type!r}: {exc}") from None
+    except Exception as exc:  # the user's file raised while importing
+        raise UnknownLoss(f"loss_type={loss_type!r}: importing it failed: {type(exc).__name__}: {exc}") from exc
+    registered = getattr(obj, "__agentrl_loss__", None)
+    if registered in LOSSES:
+        return LOSSES[registered]
+    if name in LOSSES:
+        return LOSSES[name]
+    raise UnknownLoss(_not_registered(loss_type, name))
 
 
-def _clipped_objective(inp: LossInputs) -> tuple[torch.Tensor, Metrics]:
-    """PPO clip-higher surrogate ``min(r A, clip(r, 1-eps, 1+eps_high) A)`` with optional delta bound."""
-    cfg, r, adv = inp.cfg, inp.ratio, inp.advantages
-    lo, hi = 1 - cfg.eps_low, 1 + cfg.eps_high
-    unclipped = r if cfg.delta is None else torch.clamp(r, max=cfg.delta)
-    objective = torch.minimum(unclipped * adv, torch.clamp(r, lo, hi) * adv)
-    low = (r < lo) & (adv < 0)
-    high = (r > hi) & (adv > 0)
-    metrics = {
-        "clip_ratio/low": _masked_mean(low.float(), inp.mask),
-        "clip_ratio/high": _masked_mean(high.float(), inp.mask),
-        "clip_ratio/region": _masked_mean((low | high).float(), inp.mask),
-    }
-    if cfg.delta is not None:
-        metrics["clip_ratio/delta"] = _masked_mean(((r > cfg.delta) & (adv < 0)).float(), inp.mask)
-    return objective, metrics
+def _not_registered(loss_type: str, name: str) -> str:
+    return (
+        f"loss_type={loss_type!r}: the module was imported but no loss {name!r} is registered; decorate the "
+        "function with @agentrl.losses.register_loss(name)"
+    )
 
 
-# ---- normalisers --------------------------------------------------------------------------------
-
-
-def _sequence_mean(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over each sequence's active tokens, then over sequences that have any."""
-    lengths = mask.sum(-1)
-    has = lengths > 0
-    per_seq = loss.sum(-1) / lengths.clamp(min=1)
-    return torch.where(has, per_seq, 0.0).sum() / has.sum().clamp(min=1)
-
-
-def _global_tokens(loss: torch.Tensor, inp: LossInputs) -> torch.Tensor:
-    """Sum over tokens / active tokens of the whole generation batch (caller's ``num_items_in_batch``).
-
-    Without it, falls back to this batch's active tokens: exact for one process and no accumulation.
-    """
-    n = inp.num_items_in_batch
-    if n is None:
-        n = inp.mask.sum().clamp(min=1)
-    elif float(n) <= 0:
-        raise ValueError(f"num_items_in_batch must be > 0, got {float(n)}")
-    return loss.sum() / n
-
-
-# ---- the losses ---------------------------------------------------------------------------------
-
-
-@register_loss("grpo")
-def grpo_loss(inp: LossInputs) -> tuple[torch.Tensor, Metrics]:
-    """GRPO (DeepSeekMath): clipped surrogate, mean per sequence then over sequences."""
-    objective, metrics = _clipped_objective(inp)
-    return _sequence_mean(_finish(objective, inp), inp.mask), metrics
-
-
-@register_loss("bnpo")
-def bnpo_loss(inp: LossInputs) -> tuple[torch.Tensor, Metrics]:
-    """BNPO: clipped surrogate, sum over the local batch / its active token count."""
-    objective, metrics = _clipped_objective(inp)
-    return _finish(objective, inp).sum() / inp.mask.sum().clamp(min=1), metrics
-
-
-@register_loss("dr_grpo")
-def dr_grpo_loss(inp: LossInputs) -> tuple[torch.Tensor, Metrics]:
-    """Dr. GRPO: clipped surrogate, sum / (rows x max_completion_length), a constant free of lengths."""
-    if inp.max_completion_length is None or inp.max_completion_length <= 0:
-        raise ValueError("loss_type='dr_grpo' needs max_completion_length (a positive constant) from the caller")
-    objective, metrics = _clipped_objective(inp)
-    return _finish(objective, inp).sum() / (inp.mask.shape[0] * inp.max_completion_length), metrics
-
-
-@register_loss("dapo")
-def dapo_loss(inp: LossInputs) -> tuple[torch.Tensor, Metrics]:
-    """DAPO token-level loss: clipped surrogate, sum / active tokens of the whole generation batch."""
-    objective, metrics = _clipped_objective(inp)
-    return _global_tokens(_finish(objective, inp), inp), metrics
-
-
-@register_loss("cispo")
-def cispo_loss(inp: LossInputs) -> tuple[torch.Tensor, Metrics]:
-    """CISPO (MiniMax-M1): ``sg(min(r, 1+eps_high)) * A * logp``; every token keeps a gradient."""
-    cap = 1 + inp.cfg.eps_high
-    r = inp.ratio.detach()
-    weight = torch.clamp(r, max=cap)
-    objective = weight * inp.advantages * inp.logprobs
-    capped = _masked_mean((r > cap).float(), inp.mask)
-    zero = torch.zeros((), device=r.device)
-    metrics = {"clip_ratio/low": zero, "clip_ratio/high": capped, "clip_ratio/region": capped}
-    return _global_tokens(_finish(objective, inp), inp), metrics
-
-
-@register_loss("sapo")
-def sapo_loss(inp: LossInputs) -> tuple[torch.Tensor, Metrics]:
-    """SAPO: soft gate ``(4/tau) * sigmoid(tau (r - 1)) * A``, tau by the advantage's sign; no hard clip."""
-    cfg, r, adv = inp.cfg, inp.ratio, inp.advantages
-    tau = torch.where(adv > 0, cfg.sapo_temperature_pos, cfg.sapo_temperature_neg).to(r.dtype)
-    gate = torch.sigmoid(tau * (r - 1))
-    objective = gate * (4.0 / tau) * adv
-    # d objective / d log r = 4 s(1-s) r A: report the first factor, the gradient's soft trust weight.
-    zero = torch.zeros((), device=r.device)
-    metrics = {
-        "clip_ratio/low": zero,
-        "clip_ratio/high": zero,
-        "clip_ratio/region": zero,
-        "sapo/gate_weight_mean": _masked_mean((4 * gate * (1 - gate)).detach(), inp.mask),
-    }
-    return _global_tokens(_finish(objective, inp), inp), metrics
+__all__ = ["LOSSES", "LossFn", "LossSpec", "UnknownLoss", "loss_names", "register_loss", "resolve_loss"]

@@ -49,15 +49,20 @@ def sampler_weight(
     level: SamplerLevel = "token",
     mode: SamplerMode = "truncate",
     cap: float = 2.0,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    lower: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Detached importance weight correcting for sampling with a different engine than the trainer.
 
     ``w = exp(old - sampler)`` per token; ``"sequence"`` uses the product over the sequence
     (``exp(sum)``), ``"geometric"`` its length-normalised form (``exp(mean)``), broadcast to tokens.
-    ``truncate`` uses ``min(w, cap)``; ``mask`` keeps ``w`` inside ``[1/cap, cap]`` and zeroes the rest.
-    Returns (weight applied [B, T], raw weight [B, T], changed [B, T] bool: truncated or masked).
+    ``truncate`` clamps ``w`` into ``[lower, cap]``; ``mask`` zeroes weights outside ``[lower, cap]``.
+    A sampler log-prob that is not finite (NaN: the engine did not report it) says nothing about the
+    sampler: its token's log-weight is 0 (no correction), so it can never make the loss non-finite.
+    Returns (weight applied [B, T], raw weight [B, T], changed [B, T] bool, non-finite [B, T] bool).
     """
-    diff = torch.where(mask > 0, old_logprobs.detach() - sampler_logprobs.detach(), 0.0)
+    active = mask > 0
+    nonfinite = active & ~torch.isfinite(sampler_logprobs)
+    diff = torch.where(active & ~nonfinite, old_logprobs.detach() - sampler_logprobs.detach(), 0.0)
     if level == "token":
         log_w = diff
     elif level == "sequence":
@@ -67,18 +72,30 @@ def sampler_weight(
     else:
         raise ValueError(f"sampler_is_level must be 'token', 'sequence' or 'geometric', got {level!r}")
     raw = torch.exp(log_w)
+    changed = (raw > cap) | (raw < lower)
     if mode == "truncate":
-        changed = raw > cap
-        applied = torch.clamp(raw, max=cap)
+        applied = torch.clamp(raw, min=lower, max=cap)
     elif mode == "mask":
-        changed = (raw > cap) | (raw < 1.0 / cap)
         applied = torch.where(changed, 0.0, raw)
     else:
         raise ValueError(f"sampler_is_mode must be 'truncate' or 'mask', got {mode!r}")
-    return applied, raw, changed
+    return applied, raw, changed, nonfinite
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(pi || ref): ``exp(ref - logp) - (ref - logp) - 1`` (>= 0, unbiased)."""
     d = torch.where(mask > 0, ref_logprobs.detach() - logprobs, 0.0)
     return torch.exp(d) - d - 1
+
+
+def kl_weight(logprobs: torch.Tensor, old_logprobs: torch.Tensor | None, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """The policy ratio that weights the KL term (``kl_ratio_weighted``), with gradient, [B, T].
+
+    Token level: ``exp(logp - old)``. Sequence level: ``exp(mean_t(logp - old))`` broadcast to the
+    tokens, its gradient through the mean (the ratio of the sequence, as TRL's bias-corrected KL).
+    """
+    old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
+    token = torch.where(mask > 0, logprobs - old, 0.0)
+    if level == "sequence":
+        return torch.exp(masked_seq_mean(token, mask))[:, None].expand_as(token)
+    return torch.exp(token)
