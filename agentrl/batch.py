@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrl.losses import group_advantages
+from agentrl.losses import AdvantageMode, compute_advantages
 from agentrl.losses.advantages import Scale
 from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup
 
@@ -61,10 +61,14 @@ class Batch:
         return int(self.loss_mask.shape[1])
 
 
-def build_batch(groups: list[TrajectoryGroup], *, pad_id: int, scale: Scale = "group", log_episodes: int = 0) -> Batch:
+def build_batch(
+    groups: list[TrajectoryGroup], *, pad_id: int, scale: Scale = "group", log_episodes: int = 0, mode: AdvantageMode = "episode"
+) -> Batch:
     """The ``Batch`` of these groups: failed episodes dropped, rewards kept per turn, advantages per token.
 
-    ``scale``: the advantage normalisation (``group``, ``batch``, ``none``). ``log_episodes``: the
+    ``scale``: the advantage normalisation (``group``, ``batch``, ``none``). ``mode``: ``episode``
+    (GRPO: the episode's group-relative advantage on every token) or ``turn`` (each turn's tokens
+    get that turn's advantage, ``agentrl.losses.turn_level_advantages``). ``log_episodes``: the
     first this many episodes get the trainer's log-probs written back onto their samples.
     """
     trajs: list[Trajectory] = []
@@ -80,7 +84,8 @@ def build_batch(groups: list[TrajectoryGroup], *, pad_id: int, scale: Scale = "g
         raise EmptyBatchError(f"no episode of this generation batch has a sampled token ({len(failed)} of {sum(len(g.trajectories) for g in groups)} failed{first})")
 
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
-    adv, adv_metrics = group_advantages(rewards, torch.tensor(group_of), scale=scale)
+    turn_values = [[turn.reward for turn in t.turns] or [0.0] for t in trajs]
+    per_turn, adv_metrics = compute_advantages([t.reward for t in trajs], turn_values, group_of, mode=mode, scale=scale)
     turn_rewards, components, names = _turn_rewards(trajs)
 
     B = len(rows)
@@ -106,7 +111,7 @@ def build_batch(groups: list[TrajectoryGroup], *, pad_id: int, scale: Scale = "g
         lengths=torch.tensor([len(s.prompt_ids) + len(s.completion_ids) for _, s in rows], dtype=torch.long),
         loss_mask=mask,
         sampler_logprobs=sampler,
-        advantages=adv[episode][:, None].expand(B, C).contiguous(),
+        advantages=_token_advantages(per_turn, episode, token_turn),
         token_turn=token_turn,
         turn_rewards=turn_rewards[episode],
         reward_components=components[episode],
@@ -120,6 +125,17 @@ def build_batch(groups: list[TrajectoryGroup], *, pad_id: int, scale: Scale = "g
         trajectories=trajs,
         metrics=_reward_metrics(trajs, rewards) | {f"adv/{k}": v for k, v in adv_metrics.items()},
     )
+
+
+def _token_advantages(per_turn: list[torch.Tensor], episode: torch.Tensor, token_turn: torch.Tensor) -> torch.Tensor:
+    """[B, C]: each sampled token gets its turn's advantage (0 where no turn: masked tokens)."""
+    out = torch.zeros(token_turn.shape, dtype=torch.float32)
+    for i, e in enumerate(episode.tolist()):
+        turns = token_turn[i]
+        has = turns >= 0
+        adv = per_turn[e]
+        out[i, has] = adv[turns[has].clamp(max=len(adv) - 1)].float()
+    return out
 
 
 def _turn_rewards(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, list[str]]:

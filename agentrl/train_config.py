@@ -63,6 +63,9 @@ class TrainConfig(Strict):
     # the objective
     loss: LossConfig = Field(default_factory=LossConfig)
     advantage_scale: Literal["group", "batch", "none"] = "group"
+    advantage: Literal["episode", "turn"] = Field(
+        "episode", description="episode: every token gets its episode's group-relative advantage (GRPO); turn: each turn's tokens get an unbiased per-turn advantage (docs/training.md, per-turn credit)"
+    )
     mask_truncated_completions: bool = False
     extra_rewards: list[ExtraReward] = Field(default_factory=list)
     peft: LoraSettings | None = None

@@ -147,7 +147,7 @@ class Trainer:
                     tasks = state.next_tasks(self.train_data, cfg.prompts_per_step * cfg.steps_per_generation)
                     groups, rollout_s = self._rollout(tasks, seed=cfg.seed * 1_000_003 + state.step * 7919)
                     rollout_peak = peak_memory_gib()
-                    batch = build_batch(groups, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log)
+                    batch = build_batch(groups, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage)
                     for metrics in self.learner.learn(batch, state.step):
                         state.step += 1
                         metrics.update(self._sync_weights())
