@@ -87,8 +87,22 @@ def test_advantages_are_per_episode_and_per_token():
     # group 0: rewards 1.5, 0.0 -> +-0.75; group 1 (d failed): c = 0.5, e = 1.0 -> -0.25, +0.25, both rows of c alike
     assert batch.advantages.shape == batch.loss_mask.shape
     assert batch.advantages[:, 0].tolist() == pytest.approx([0.75, -0.75, -0.25, -0.25, 0.25])
-    assert torch.equal(batch.advantages, batch.advantages[:, :1].expand_as(batch.advantages))
+    sampled = batch.loss_mask > 0  # every sampled token carries its episode's advantage, the rest 0
+    assert torch.equal(batch.advantages, torch.where(sampled, batch.advantages[:, :1].expand_as(batch.advantages), 0.0))
     assert batch.metrics["reward/mean"] == pytest.approx((1.5 + 0.0 + 0.5 + 1.0) / 4)
+
+
+def test_turn_mode_gives_each_turn_its_own_advantage():
+    """advantage=turn: a turn's tokens get that turn's advantage (reward-to-go minus the same-turn
+    baseline of the group's other episodes), so the two turns of episode a differ."""
+    batch = build_batch(groups(), pad_id=PAD, scale="none", mode="turn")
+    a = batch.advantages[0]
+    turn = batch.token_turn[0]
+    # episode a: turns rewarded 0.5 then 1.0 (return-to-go 1.5, 1.0); b has one turn worth 0.0
+    # turn 0 baseline = b's return 0.0 -> +1.5; turn 1: nobody else reached it -> baseline 0 -> +1.0
+    assert a[turn == 0].unique().tolist() == pytest.approx([1.5])
+    assert a[turn == 1].unique().tolist() == pytest.approx([1.0])
+    assert batch.advantages[1][batch.token_turn[1] == 0].unique().tolist() == pytest.approx([-1.5])
 
 
 def test_no_trainable_episode_names_the_first_error():
