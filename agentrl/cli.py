@@ -104,7 +104,7 @@ def cmd_check(args: list[str]) -> int:
 
 
 def cmd_eval(args: list[str]) -> int:
-    from agentrl.config import EvalConfig, build, parse_overrides, rollout_config
+    from agentrl.config import EvalConfig, build, parse_overrides
     from agentrl.evaluation import evaluate, format_summary, summarize, write_results
     from agentrl.registry import make
     from agentrl.generators import run_with
@@ -116,7 +116,7 @@ def cmd_eval(args: list[str]) -> int:
     if cfg.n is not None:
         tasks = tasks[: cfg.n]
     generator, chat_format = load_generation(cfg.model, cfg.generator)
-    engine = RolloutEngine(generator, chat_format, rollout_config(cfg.sampling, cfg.rollout))
+    engine = RolloutEngine(generator, chat_format, cfg.rollout, cfg.sampling)
 
     total = len(tasks) * cfg.k
     with progress_bar(f"eval {cfg.env}", total) as advance:

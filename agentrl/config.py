@@ -14,40 +14,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from agentrl.generators.base import SamplingParams
+from agentrl.generators.base import SamplingConfig
 from agentrl.rollout.engine import RolloutConfig
+from agentrl.strict import ConfigError, Strict
+
+__all__ = ["ConfigError", "EvalConfig", "GeneratorSettings", "ModelSettings", "RolloutConfig", "SamplingConfig", "Strict", "build", "parse_overrides"]
 
 T = TypeVar("T", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A configuration problem, phrased for the command line."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class SamplingConfig(Strict):
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    min_p: float = Field(0.0, ge=0, lt=1)
-    seed: int | None = None
-    min_tokens: int = Field(0, ge=0, description="mask stop tokens until this many tokens per turn")
-
-    def to_params(self) -> SamplingParams:
-        return SamplingParams(**self.model_dump())
-
-
-class RolloutSettings(Strict):
-    max_turns: int | None = Field(None, ge=1, description="None: the environment's own max_turns")
-    max_tokens_per_turn: int = Field(256, ge=1)
-    max_completion_tokens: int = Field(1024, ge=1)
-    max_context: int = Field(2048, ge=16)
-    max_concurrent_episodes: int = Field(256, ge=1)
 
 
 class GeneratorSettings(Strict):
@@ -124,7 +99,7 @@ class EvalConfig(Strict):
     pass_threshold: float = Field(1.0, description="an episode passes when its reward >= this")
     output: str | None = Field(None, description="output folder (default outputs/eval-<env>-<time>)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
 
     @pydantic.model_validator(mode="after")
@@ -132,10 +107,6 @@ class EvalConfig(Strict):
         if self.k > 1 and self.sampling.temperature == 0:
             raise ValueError("k > 1 with sampling.temperature=0 draws the same sample k times; raise the temperature or set k=1")
         return self
-
-
-def rollout_config(sampling: SamplingConfig, rollout: RolloutSettings) -> RolloutConfig:
-    return RolloutConfig(sampling=sampling.to_params(), **rollout.model_dump())
 
 
 SHORTCUTS = {"model": "model.path", "temperature": "sampling.temperature", "generator": "generator.backend"}

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field
 
-from agentrl.config import GeneratorSettings, ModelSettings, RolloutSettings, SamplingConfig, Strict
+from agentrl.config import GeneratorSettings, ModelSettings, RolloutConfig, SamplingConfig, Strict
 from agentrl.losses import LossConfig, LossConfigError
 
 
@@ -102,7 +102,7 @@ class TrainConfig(Strict):
 
     # generation
     sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.7))
-    rollout: RolloutSettings = Field(default_factory=lambda: RolloutSettings(max_tokens_per_turn=64, max_completion_tokens=256, max_context=1024))
+    rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(max_tokens_per_turn=64, max_completion_tokens=256, max_context=1024))
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
 
     # observability and checkpoints

@@ -29,7 +29,7 @@ import anyio
 import torch
 
 from agentrl.checkpoint import checkpoint_dir, load_checkpoint, resolve_resume, save_checkpoint
-from agentrl.config import require_backend, rollout_config
+from agentrl.config import require_backend
 from agentrl.dispatch import ToolRecord
 from agentrl.env import Reward, reward_context, score
 from agentrl.generators import build_generator, run_with
@@ -127,7 +127,7 @@ class Trainer:
             self.generator = build_generator(
                 cfg.generator, model=gen_model, model_path=str(path), pad_token_id=self.pad_id, max_context=None,
             )
-        self.engine = RolloutEngine(self.generator, self.chat_format, rollout_config(cfg.sampling, cfg.rollout))
+        self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling)
         self.env = make(cfg.env, **cfg.env_args)
         self.extra_rewards = [_load_reward(r) for r in cfg.extra_rewards]
         train = self.env.dataset("train")
@@ -222,7 +222,7 @@ class Trainer:
         """Mean reward on the first ``n`` test tasks, one episode each at ``eval_temperature``."""
         tasks = list(self.env.dataset("test"))[:n]
         sampling = self.cfg.sampling.model_copy(update={"temperature": self.cfg.eval_temperature})
-        engine = RolloutEngine(self.generator, self.chat_format, rollout_config(sampling, self.cfg.rollout))
+        engine = RolloutEngine(self.generator, self.chat_format, self.cfg.rollout, sampling)
         groups, _ = self._rollout(tasks, seed=10_000_019, n=1, engine=engine)
         self.eval_results[self.step] = [g.trajectories[0].reward if g.trajectories[0].ok else None for g in groups]
         rewards = [t.reward for g in groups for t in g.ok]

@@ -168,11 +168,10 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
             generator.wait_until_ready(300)  # type: ignore[attr-defined]
         startup = time.perf_counter() - started
         config = RolloutConfig(
-            sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
             max_tokens_per_turn=args.max_tokens_per_turn, max_completion_tokens=args.max_completion_tokens,
             max_context=args.max_context, max_concurrent_episodes=args.episodes,
         )
-        engine = RolloutEngine(generator, fmt, config)
+        engine = RolloutEngine(generator, fmt, config, SamplingParams(temperature=args.temperature, seed=args.seed))
         env = make("calculator")
         data = list(env.dataset("test"))
         tasks = [dict(data[i % len(data)]) for i in range(args.episodes)]

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.generators.base import FinishReason, Generation, Generator, SamplingParams
+from agentrl.generators.base import FinishReason, Generation, Generator, SamplingConfig, SamplingParams
 
-__all__ = ["FinishReason", "Generation", "Generator", "SamplingParams", "build_generator", "run_with"]
+__all__ = ["FinishReason", "Generation", "Generator", "SamplingConfig", "SamplingParams", "build_generator", "run_with"]
 
 
 def run_with(generator: Any, fn: Any, *args: Any) -> Any:
