@@ -33,10 +33,10 @@ class GeneratorSettings(Strict):
     ``agentrl vllm-serve``, possibly on another machine.
     """
 
-    backend: Literal["transformers", "vllm", "vllm-server"] = "transformers"
+    backend: Literal["transformers", "vllm", "vllm-server"] = Field("transformers", description="who generates (shortcut: generator=...)")
     # transformers
-    max_batch_size: int = Field(256, ge=1)
-    gather_window_s: float = Field(0.005, ge=0)
+    max_batch_size: int = Field(256, ge=1, description="transformers: requests decoded together")
+    gather_window_s: float = Field(0.005, ge=0, description="transformers: how long to gather concurrent requests into one batch")
     cuda_graphs: bool = Field(
         False, description="CUDA only, experimental: static KV cache + CUDA-graph decode (4-5x faster decoding; see docs/performance.md)"
     )
@@ -84,18 +84,42 @@ def require_backend(settings: GeneratorSettings) -> None:
 class ModelSettings(Strict):
     path: str = Field("default", description="'default' (bundled), a local folder or a hub id")
     chat_format: str | None = Field(None, description="override detection: a name from agentrl.chat.available_formats() (hermes, qwen3, qwen3_xml, llama3, mistral, chatml_tools, deepseek_v3, gpt_oss)")
-    device: str | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (None: cuda when available)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="weights dtype for generation (auto: float32 on CPU, bfloat16 on CUDA)")
+
+    @pydantic.field_validator("chat_format")
+    @classmethod
+    def _known_format(cls, name: str | None) -> str | None:
+        from agentrl.chat import available_formats
+
+        if name is not None and name not in available_formats():
+            close = difflib.get_close_matches(name, available_formats(), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"unknown chat format {name!r}{hint}; known: {', '.join(available_formats())}")
+        return name
+
+
+ENV_DOC = "a registered name (agentrl envs), 'package.module:Class' or 'path/to/file.py:Class'"
+ENV_ARGS_DOC = "keyword arguments for the environment's constructor (env_args.name=value)"
+
+
+class CheckConfig(Strict):
+    """``agentrl check``: run check_env on one environment."""
+
+    env: str = Field("calculator", description=ENV_DOC)
+    env_args: dict[str, Any] = Field(default_factory=dict, description=ENV_ARGS_DOC)
 
 
 class EvalConfig(Strict):
-    env: str = "calculator"
-    env_args: dict[str, Any] = Field(default_factory=dict)
+    """``agentrl eval``: pass@k of a model on an environment's split."""
+
+    env: str = Field("calculator", description=ENV_DOC)
+    env_args: dict[str, Any] = Field(default_factory=dict, description=ENV_ARGS_DOC)
     model: ModelSettings = Field(default_factory=ModelSettings)
-    split: str = "test"
+    split: str = Field("test", description="the environment's dataset split")
     n: int | None = Field(None, ge=1, description="tasks to evaluate (None: the whole split)")
     k: int = Field(1, ge=1, description="samples per task")
-    seed: int = 0
+    seed: int = Field(0, description="environment seed of the first task (task i uses seed + i)")
     pass_threshold: float = Field(1.0, description="an episode passes when its reward >= this")
     output: str | None = Field(None, description="output folder (default outputs/eval-<env>-<time>)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -150,14 +174,14 @@ def build(model: type[T], overrides: dict[str, Any]) -> T:
         lines = []
         for err in exc.errors():
             key = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = err["msg"]
+            msg = " ".join(str(err["msg"]).removeprefix("Value error, ").split())
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
                 close = difflib.get_close_matches(str(err["loc"][-1]), _fields_at(model, err["loc"][:-1]), n=1)
                 if close:
                     msg += f" (did you mean {'.'.join([*map(str, err['loc'][:-1]), close[0]])}?)"
-            lines.append(f"  {key}: {msg}")
-        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+            lines.append(f"{key}: {msg}")
+        raise ConfigError("invalid configuration: " + "; ".join(lines)) from None
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

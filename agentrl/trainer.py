@@ -242,7 +242,8 @@ class Trainer:
                 trajs.append(t)
                 group_ids.append(g)
         if not trajs:
-            raise RuntimeError("every episode of this generation batch failed; see the rollout errors in samples.jsonl")
+            first = next((t.error for g in groups for t in g.trajectories if t.error), "no error recorded")
+            raise RuntimeError(f"every episode of this generation batch failed; the first error: {first}")
         if self.extra_rewards:
             anyio.run(self._score_extra, trajs)
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
