@@ -38,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"agentrl: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        import difflib
+
+        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"agentrl: unknown command {command!r}{hint}; agentrl --help lists the commands", file=sys.stderr)
         return 2
     if any(a in HELP_FLAGS for a in rest) and command != "view":  # view prints its own usage
         try:

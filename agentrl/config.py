@@ -206,9 +206,18 @@ def load_file(path: str) -> dict[str, Any]:
     if p.suffix in (".yaml", ".yml"):
         import yaml  # transformers depends on PyYAML
 
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"config file {p}: invalid YAML at{where}: {problem}") from None
     else:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config file {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
     return data
