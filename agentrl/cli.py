@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str, str | None]] = {
     "envs": ("list the environments make() knows", "agentrl.cli:cmd_envs", None),
     "check": ("run check_env on an environment: agentrl check env=<name|module:Class|file.py:Class>", "agentrl.cli:cmd_check", "agentrl.config:CheckConfig"),
     "doctor": ("check a tokenizer's chat template for tool calling and token fidelity (agentrl doctor model=...)", "agentrl.doctor:main", "agentrl.doctor:DoctorConfig"),
-    "view": ("write an HTML page of a run's or an eval's trajectories (agentrl view <run folder|results.jsonl>)", "agentrl.viewer:main", None),
+    "view": ("write an HTML page of a run's or an eval's trajectories (agentrl view <run folder|results.jsonl>)", "agentrl.viewer_cli:main", None),
     "vllm-serve": ("start a vLLM generation server for training (agentrl vllm-serve model=...)", "agentrl.generators.vllm_serve:main", "agentrl.generators.vllm_serve:ServeConfig"),
 }
 HELP_FLAGS = ("-h", "--help", "help")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.doctor import material as M
+import agentrl.doctor.material as M
 from agentrl.doctor.checks import FAIL, PASS, WARN, Check, parse, short
 
 
