@@ -180,12 +180,12 @@ def load_generation(model_cfg: Any, gen_cfg: Any) -> tuple[Any, Any]:
     from agentrl.chat import get_chat_format
     from agentrl.config import require_backend
     from agentrl.generators import build_generator
-    from agentrl.models import load_model, load_tokenizer
+    from agentrl.models import load_model, load_tokenizer, pad_token_id
 
     require_backend(gen_cfg)
     tokenizer = load_tokenizer(model_cfg.path)
     chat_format = get_chat_format(tokenizer, model_cfg.chat_format)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat_format.stop_token_ids[0]
+    pad = pad_token_id(tokenizer, chat_format.stop_token_ids)
     model = None
     if gen_cfg.backend == "transformers":  # the vLLM backends load the checkpoint themselves
         dtype = None if model_cfg.dtype == "auto" else getattr(torch, model_cfg.dtype)

@@ -56,7 +56,7 @@ class Trainer:
         from accelerate import Accelerator
 
         from agentrl.chat import get_chat_format
-        from agentrl.models import load_tokenizer, resolve_model
+        from agentrl.models import load_tokenizer, pad_token_id, resolve_model
 
         self.cfg = cfg
         random.seed(cfg.seed)
@@ -108,8 +108,7 @@ class Trainer:
         self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
         self.loss_cfg = cfg.loss.to_loss_config()
 
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.chat_format.stop_token_ids[0]
-        self.pad_id = int(pad)
+        self.pad_id = pad_token_id(self.tokenizer, self.chat_format.stop_token_ids)
         gen_model = self.accelerator.unwrap_model(self.policy)
         self._generation_copy: torch.nn.Module | None = None
         if cfg.generator.backend != "transformers":
