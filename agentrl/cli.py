@@ -140,14 +140,12 @@ def cmd_check(args: list[str]) -> int:
 def cmd_eval(args: list[str]) -> int:
     from agentrl.config import EvalConfig, build, parse_overrides
     from agentrl.evaluation import evaluate, format_summary, summarize, write_results
-    from agentrl.registry import make
     from agentrl.generators import run_with
     from agentrl.rollout.engine import RolloutEngine
     from agentrl.validate import preflight_eval
 
     cfg = build(EvalConfig, parse_overrides(args))
-    preflight_eval(cfg)
-    env = make(cfg.env, **cfg.env_args)
+    env = preflight_eval(cfg)
     tasks = list(env.dataset(cfg.split))
     if cfg.n is not None:
         tasks = tasks[: cfg.n]

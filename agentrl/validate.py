@@ -19,8 +19,11 @@ from agentrl.strict import ConfigError
 PROMPTS_CHECKED = 16  # the first tasks of the split whose prompts must fit rollout.max_context
 
 
-def preflight_train(cfg: Any) -> None:
-    """Everything ``agentrl train`` can check before loading weights (``cfg``: a ``TrainConfig``)."""
+def preflight_train(cfg: Any) -> Any:
+    """Everything ``agentrl train`` can check before loading weights (``cfg``: a ``TrainConfig``).
+
+    Returns the environment it built, so a caller that can take one need not build it twice.
+    """
     from agentrl.config import require_backend
 
     check_output_dir("output_dir", cfg.output_dir)
@@ -31,10 +34,11 @@ def preflight_train(cfg: Any) -> None:
         check_callable(f"extra_rewards[{i}].fn", reward.fn)
     tokenizer = check_model(cfg.model.path)
     check_prompts_fit(env, tasks, tokenizer, cfg.model.chat_format, cfg.rollout.max_context)
+    return env
 
 
-def preflight_eval(cfg: Any) -> None:
-    """Everything ``agentrl eval`` can check before loading weights (``cfg``: an ``EvalConfig``)."""
+def preflight_eval(cfg: Any) -> Any:
+    """Everything ``agentrl eval`` can check before loading weights (``cfg``: an ``EvalConfig``); returns the environment."""
     from agentrl.config import require_backend
 
     check_output_dir("output", cfg.output)
@@ -43,6 +47,7 @@ def preflight_eval(cfg: Any) -> None:
     tasks = check_dataset(env, cfg.env, cfg.split)
     tokenizer = check_model(cfg.model.path)
     check_prompts_fit(env, tasks, tokenizer, cfg.model.chat_format, cfg.rollout.max_context)
+    return env
 
 
 def check_output_dir(key: str, path: str | None) -> None:
