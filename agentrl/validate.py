@@ -27,6 +27,7 @@ def preflight_train(cfg: Any) -> Any:
     from agentrl.config import require_backend
 
     check_output_dir("output_dir", cfg.output_dir)
+    check_resume(cfg.resume, cfg.output_dir)
     require_backend(cfg.generator)
     env = build_env(cfg.env, cfg.env_args)
     tasks = check_dataset(env, cfg.env, "train")
@@ -64,6 +65,20 @@ def check_output_dir(key: str, path: str | None) -> None:
             if not os.access(parent, os.W_OK):
                 raise ConfigError(f"{key}={path}: {parent} is not writable")
             break
+
+
+def check_resume(resume: str | None, output_dir: str | None) -> None:
+    """``resume=`` must name a checkpoint that exists (found now, not after the model loaded)."""
+    if resume is None:
+        return
+    if resume == "latest" and output_dir is None:
+        raise ConfigError("resume=latest needs output_dir=<the run folder to continue> (the default run folder is new each time)")
+    from agentrl.checkpoint import resolve_resume
+
+    try:
+        resolve_resume(resume, Path(output_dir or "."))
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def build_env(spec: str, env_args: dict[str, Any]) -> Any:
