@@ -173,14 +173,14 @@ def build(model: type[T], overrides: dict[str, Any]) -> T:
     except pydantic.ValidationError as exc:
         lines = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "config"
+            key = ".".join(str(p) for p in err["loc"])
             msg = " ".join(str(err["msg"]).removeprefix("Value error, ").split())
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
                 close = difflib.get_close_matches(str(err["loc"][-1]), _fields_at(model, err["loc"][:-1]), n=1)
                 if close:
                     msg += f" (did you mean {'.'.join([*map(str, err['loc'][:-1]), close[0]])}?)"
-            lines.append(f"{key}: {msg}")
+            lines.append(f"{key}: {msg}" if key else msg)
         raise ConfigError("invalid configuration: " + "; ".join(lines)) from None
 
 
@@ -224,10 +224,21 @@ def load_file(path: str) -> dict[str, Any]:
 
 
 def _value(raw: str) -> Any:
+    """JSON when it parses; a list or mapping written without quotes (``[tensorboard]``) as YAML reads it; else the string."""
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
-        return raw
+        pass
+    if raw[:1] in "[{":
+        import yaml
+
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            return raw
+        if isinstance(value, (list, dict)):
+            return value
+    return raw
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

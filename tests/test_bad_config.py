@@ -77,7 +77,7 @@ CASES = [
     ("vllm not installed", "train generator=vllm", "generator=vllm"),
     ("ref mix half set", "train ref_mix_alpha=0.5", "ref_mix_alpha and ref_mix_every"),
     ("eval knob without eval", "train eval_tasks=5", "no effect without eval_every"),
-    ("unknown tracker", "train report_to=[foo]", "report_to"),
+    ("unknown tracker", "train report_to=[foo]", "report_to.0: Input should be 'tensorboard', 'wandb' or 'trackio'"),
     ("extra reward missing file", 'train \'extra_rewards=[{{"fn":"{tmp}/nope.py:f"}}]\'', "file not found"),
     ("extra reward not callable", 'train \'extra_rewards=[{{"fn":"{tmp}/envs.py:A_STRING"}}]\'', "not callable"),
     ("unknown loss type", "train loss.loss_type=nope", "loss"),
