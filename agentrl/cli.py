@@ -11,49 +11,86 @@ import datetime as dt
 import sys
 from typing import Any
 
-USAGE = """usage: agentrl <command> [key=value ...]
-
-commands:
-  train   train a model on an environment with GRPO (agentrl train env=calculator)
-  eval    evaluate a model on an environment (pass@k, results.jsonl, summary.json)
-  envs    list the environments make() knows
-  check   run check_env on an environment: agentrl check env=<name|module:Class|file.py:Class>
-  doctor  check a tokenizer's chat template for tool calling and token fidelity (agentrl doctor model=...)
-  view    write an HTML page of a run's or an eval's trajectories (agentrl view <run folder|results.jsonl>)
-  vllm-serve  start a vLLM generation server for training (agentrl vllm-serve model=...)
-"""
-
-# Commands that live in their own modules: name -> "module:function(args) -> int".
-MODULE_COMMANDS = {
-    "doctor": "agentrl.doctor:main",
-    "view": "agentrl.viewer:main",
-    "vllm-serve": "agentrl.generators.vllm_serve:main",
+# name -> (one-line summary, "module:function(args) -> int", "module:ConfigModel" listed by --help or None)
+COMMANDS: dict[str, tuple[str, str, str | None]] = {
+    "train": ("train a model on an environment with GRPO (agentrl train env=calculator)", "agentrl.cli:cmd_train", "agentrl.train_config:TrainConfig"),
+    "eval": ("evaluate a model on an environment (pass@k, results.jsonl, summary.json)", "agentrl.cli:cmd_eval", "agentrl.config:EvalConfig"),
+    "envs": ("list the environments make() knows", "agentrl.cli:cmd_envs", None),
+    "check": ("run check_env on an environment: agentrl check env=<name|module:Class|file.py:Class>", "agentrl.cli:cmd_check", "agentrl.config:CheckConfig"),
+    "doctor": ("check a tokenizer's chat template for tool calling and token fidelity (agentrl doctor model=...)", "agentrl.doctor:main", "agentrl.doctor:DoctorConfig"),
+    "view": ("write an HTML page of a run's or an eval's trajectories (agentrl view <run folder|results.jsonl>)", "agentrl.viewer_cli:main", None),
+    "vllm-serve": ("start a vLLM generation server for training (agentrl vllm-serve model=...)", "agentrl.generators.vllm_serve:main", "agentrl.generators.vllm_serve:ServeConfig"),
 }
+HELP_FLAGS = ("-h", "--help", "help")
+USAGE = "usage: agentrl <command> [key=value ...] [--debug]\n\ncommands:\n" + "\n".join(
+    f"  {name:<11} {summary}" for name, (summary, _, _) in COMMANDS.items()
+) + "\n\nagentrl <command> --help lists the command's keys. --debug shows the traceback of an error.\n"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A mistake in the input is one line on stderr and exit status 2; any other
+    failure is one line and status 1; ``--debug`` re-raises it with its traceback instead."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if not argv or argv[0] in HELP_FLAGS:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    from agentrl.config import ConfigError
-    from agentrl.registry import UnknownEnvironment
+    if command not in COMMANDS:
+        import difflib
 
-    commands = {"train": cmd_train, "eval": cmd_eval, "envs": cmd_envs, "check": cmd_check}
-    if command in MODULE_COMMANDS:
-        import importlib
-
-        module, _, func = MODULE_COMMANDS[command].partition(":")
-        commands[command] = getattr(importlib.import_module(module), func)
-    if command not in commands:
-        print(f"agentrl: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        close = difflib.get_close_matches(command, list(COMMANDS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        print(f"agentrl: unknown command {command!r}{hint}; agentrl --help lists the commands", file=sys.stderr)
         return 2
+    if any(a in HELP_FLAGS for a in rest) and command != "view":  # view prints its own usage
+        try:
+            print(command_help(command))
+        except BrokenPipeError:  # agentrl train --help | head
+            pass
+        return 0
+    from agentrl.strict import ConfigError
+
     try:
-        return commands[command](rest)
-    except (ConfigError, UnknownEnvironment, FileNotFoundError) as exc:
-        print(f"agentrl {command}: {exc}", file=sys.stderr)
-        return 2
+        return _load(COMMANDS[command][1])(rest)
+    except KeyboardInterrupt:
+        print(f"agentrl {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        user_error = isinstance(exc, (ConfigError, FileNotFoundError, LookupError)) or type(exc).__name__ in USER_ERRORS
+        what = str(exc) if user_error else f"{type(exc).__name__}: {exc}"
+        print(f"agentrl {command}: {_one_line(what)}" + ("" if user_error else " (--debug shows the traceback)"), file=sys.stderr)
+        return 2 if user_error else 1
+
+
+# Errors other modules raise for bad input (by name: importing them all here would load every module).
+USER_ERRORS = {"UnknownEnvironment", "DoctorError", "ViewError", "EnvCheckError", "VLLMNotInstalledError"}
+
+
+def command_help(command: str) -> str:
+    """``agentrl <command> --help``: the summary and every key, generated from the command's config model."""
+    from agentrl.config import SHORTCUTS
+    from agentrl.config_help import format_help
+
+    summary, _, model = COMMANDS[command]
+    usage = f"usage: agentrl {command} [key=value ...]\n\n{summary}"
+    shortcuts = SHORTCUTS if command in ("train", "eval") else None
+    return format_help(usage, _load(model) if model else None, shortcuts)
+
+
+def _load(target: str) -> Any:
+    import importlib
+
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 1000 else text[:1000] + "..."
 
 
 def cmd_train(args: list[str]) -> int:
@@ -62,9 +99,12 @@ def cmd_train(args: list[str]) -> int:
     from agentrl.config import build, parse_overrides
     from agentrl.train_config import TrainConfig
     from agentrl.trainer import Trainer
+    from agentrl.validate import preflight_train
 
     try:
-        trainer = Trainer(build(TrainConfig, parse_overrides(args)))
+        cfg = build(TrainConfig, parse_overrides(args))
+        preflight_train(cfg)
+        trainer = Trainer(cfg)
         trainer.train()
     except EmptyBatchError as exc:  # every episode failed: the cause, in one line
         print(f"agentrl train: {exc}", file=sys.stderr)
@@ -95,17 +135,12 @@ def cmd_envs(args: list[str]) -> int:
 
 def cmd_check(args: list[str]) -> int:
     from agentrl.check import EnvCheckError, check_env
-    from agentrl.config import build, parse_overrides
-    from agentrl.config import Strict
-    from agentrl.registry import make
-
-    class CheckConfig(Strict):
-        env: str = "calculator"
-        env_args: dict[str, Any] = {}
+    from agentrl.config import CheckConfig, build, parse_overrides
+    from agentrl.validate import build_env
 
     cfg = build(CheckConfig, parse_overrides(args, shortcuts={}))
     try:
-        check_env(make(cfg.env, **cfg.env_args))
+        check_env(build_env(cfg.env, cfg.env_args))
     except EnvCheckError as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -114,19 +149,19 @@ def cmd_check(args: list[str]) -> int:
 
 
 def cmd_eval(args: list[str]) -> int:
-    from agentrl.config import EvalConfig, build, parse_overrides, rollout_config
+    from agentrl.config import EvalConfig, build, parse_overrides
     from agentrl.evaluation import evaluate, format_summary, summarize, write_results
-    from agentrl.registry import make
     from agentrl.generators import run_with
     from agentrl.rollout.engine import RolloutEngine
+    from agentrl.validate import preflight_eval
 
     cfg = build(EvalConfig, parse_overrides(args))
-    env = make(cfg.env, **cfg.env_args)
+    env = preflight_eval(cfg)
     tasks = list(env.dataset(cfg.split))
     if cfg.n is not None:
         tasks = tasks[: cfg.n]
     generator, chat_format = load_generation(cfg.model, cfg.generator)
-    engine = RolloutEngine(generator, chat_format, rollout_config(cfg.sampling, cfg.rollout))
+    engine = RolloutEngine(generator, chat_format, cfg.rollout, cfg.sampling)
 
     total = len(tasks) * cfg.k
     with progress_bar(f"eval {cfg.env}", total) as advance:
@@ -155,12 +190,12 @@ def load_generation(model_cfg: Any, gen_cfg: Any) -> tuple[Any, Any]:
     from agentrl.chat import get_chat_format
     from agentrl.config import require_backend
     from agentrl.generators import build_generator
-    from agentrl.models import load_model, load_tokenizer
+    from agentrl.models import load_model, load_tokenizer, pad_token_id
 
     require_backend(gen_cfg)
     tokenizer = load_tokenizer(model_cfg.path)
     chat_format = get_chat_format(tokenizer, model_cfg.chat_format)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else chat_format.stop_token_ids[0]
+    pad = pad_token_id(tokenizer, chat_format.stop_token_ids)
     model = None
     if gen_cfg.backend == "transformers":  # the vLLM backends load the checkpoint themselves
         dtype = None if model_cfg.dtype == "auto" else getattr(torch, model_cfg.dtype)

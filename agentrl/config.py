@@ -14,40 +14,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from agentrl.generators.base import SamplingParams
+from agentrl.generators.base import SamplingConfig
 from agentrl.rollout.engine import RolloutConfig
+from agentrl.strict import ConfigError, Strict
+
+__all__ = ["ConfigError", "EvalConfig", "GeneratorSettings", "ModelSettings", "RolloutConfig", "SamplingConfig", "Strict", "build", "parse_overrides"]
 
 T = TypeVar("T", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A configuration problem, phrased for the command line."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class SamplingConfig(Strict):
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
-    min_p: float = Field(0.0, ge=0, lt=1)
-    seed: int | None = None
-    min_tokens: int = Field(0, ge=0, description="mask stop tokens until this many tokens per turn")
-
-    def to_params(self) -> SamplingParams:
-        return SamplingParams(**self.model_dump())
-
-
-class RolloutSettings(Strict):
-    max_turns: int | None = Field(None, ge=1, description="None: the environment's own max_turns")
-    max_tokens_per_turn: int = Field(256, ge=1)
-    max_completion_tokens: int = Field(1024, ge=1)
-    max_context: int = Field(2048, ge=16)
-    max_concurrent_episodes: int = Field(256, ge=1)
 
 
 class GeneratorSettings(Strict):
@@ -58,10 +33,10 @@ class GeneratorSettings(Strict):
     ``agentrl vllm-serve``, possibly on another machine.
     """
 
-    backend: Literal["transformers", "vllm", "vllm-server"] = "transformers"
+    backend: Literal["transformers", "vllm", "vllm-server"] = Field("transformers", description="who generates (shortcut: generator=...)")
     # transformers
-    max_batch_size: int = Field(256, ge=1)
-    gather_window_s: float = Field(0.005, ge=0)
+    max_batch_size: int = Field(256, ge=1, description="transformers: requests decoded together")
+    gather_window_s: float = Field(0.005, ge=0, description="transformers: how long to gather concurrent requests into one batch")
     cuda_graphs: bool = Field(
         False, description="CUDA only, experimental: static KV cache + CUDA-graph decode (4-5x faster decoding; see docs/performance.md)"
     )
@@ -109,22 +84,46 @@ def require_backend(settings: GeneratorSettings) -> None:
 class ModelSettings(Strict):
     path: str = Field("default", description="'default' (bundled), a local folder or a hub id")
     chat_format: str | None = Field(None, description="override detection: a name from agentrl.chat.available_formats() (hermes, qwen3, qwen3_xml, llama3, mistral, chatml_tools, deepseek_v3, gpt_oss)")
-    device: str | None = None
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (None: cuda when available)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="weights dtype for generation (auto: float32 on CPU, bfloat16 on CUDA)")
+
+    @pydantic.field_validator("chat_format")
+    @classmethod
+    def _known_format(cls, name: str | None) -> str | None:
+        from agentrl.chat import available_formats
+
+        if name is not None and name not in available_formats():
+            close = difflib.get_close_matches(name, available_formats(), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ValueError(f"unknown chat format {name!r}{hint}; known: {', '.join(available_formats())}")
+        return name
+
+
+ENV_DOC = "a registered name (agentrl envs), 'package.module:Class' or 'path/to/file.py:Class'"
+ENV_ARGS_DOC = "keyword arguments for the environment's constructor (env_args.name=value)"
+
+
+class CheckConfig(Strict):
+    """``agentrl check``: run check_env on one environment."""
+
+    env: str = Field("calculator", description=ENV_DOC)
+    env_args: dict[str, Any] = Field(default_factory=dict, description=ENV_ARGS_DOC)
 
 
 class EvalConfig(Strict):
-    env: str = "calculator"
-    env_args: dict[str, Any] = Field(default_factory=dict)
+    """``agentrl eval``: pass@k of a model on an environment's split."""
+
+    env: str = Field("calculator", description=ENV_DOC)
+    env_args: dict[str, Any] = Field(default_factory=dict, description=ENV_ARGS_DOC)
     model: ModelSettings = Field(default_factory=ModelSettings)
-    split: str = "test"
+    split: str = Field("test", description="the environment's dataset split")
     n: int | None = Field(None, ge=1, description="tasks to evaluate (None: the whole split)")
     k: int = Field(1, ge=1, description="samples per task")
-    seed: int = 0
+    seed: int = Field(0, description="environment seed of the first task (task i uses seed + i)")
     pass_threshold: float = Field(1.0, description="an episode passes when its reward >= this")
     output: str | None = Field(None, description="output folder (default outputs/eval-<env>-<time>)")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
 
     @pydantic.model_validator(mode="after")
@@ -132,10 +131,6 @@ class EvalConfig(Strict):
         if self.k > 1 and self.sampling.temperature == 0:
             raise ValueError("k > 1 with sampling.temperature=0 draws the same sample k times; raise the temperature or set k=1")
         return self
-
-
-def rollout_config(sampling: SamplingConfig, rollout: RolloutSettings) -> RolloutConfig:
-    return RolloutConfig(sampling=sampling.to_params(), **rollout.model_dump())
 
 
 SHORTCUTS = {"model": "model.path", "temperature": "sampling.temperature", "generator": "generator.backend"}
@@ -178,15 +173,15 @@ def build(model: type[T], overrides: dict[str, Any]) -> T:
     except pydantic.ValidationError as exc:
         lines = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "config"
-            msg = err["msg"]
+            key = ".".join(str(p) for p in err["loc"])
+            msg = " ".join(str(err["msg"]).removeprefix("Value error, ").split())
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
                 close = difflib.get_close_matches(str(err["loc"][-1]), _fields_at(model, err["loc"][:-1]), n=1)
                 if close:
                     msg += f" (did you mean {'.'.join([*map(str, err['loc'][:-1]), close[0]])}?)"
-            lines.append(f"  {key}: {msg}")
-        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from None
+            lines.append(f"{key}: {msg}" if key else msg)
+        raise ConfigError("invalid configuration: " + "; ".join(lines)) from None
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -211,19 +206,39 @@ def load_file(path: str) -> dict[str, Any]:
     if p.suffix in (".yaml", ".yml"):
         import yaml  # transformers depends on PyYAML
 
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(f"config file {p}: invalid YAML at{where}: {problem}") from None
     else:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config file {p}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping")
     return data
 
 
 def _value(raw: str) -> Any:
+    """JSON when it parses; a list or mapping written without quotes (``[tensorboard]``) as YAML reads it; else the string."""
     try:
         return json.loads(raw)
     except json.JSONDecodeError:
-        return raw
+        pass
+    if raw[:1] in "[{":
+        import yaml
+
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            return raw
+        if isinstance(value, (list, dict)):
+            return value
+    return raw
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from importlib.resources import files
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 DEFAULT_MODEL = "default"
@@ -28,6 +29,11 @@ def resolve_model(spec: str | Path) -> str:
     if str(spec) == DEFAULT_MODEL:
         return str(bundled_model_path())
     return str(spec)
+
+
+def pad_token_id(tokenizer: Any, stop_token_ids: Sequence[int]) -> int:
+    """The tokenizer's pad token, else the first stop token (padded positions are masked, so any id works)."""
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_token_ids[0])
 
 
 def load_tokenizer(spec: str | Path, **kwargs: Any) -> Any:

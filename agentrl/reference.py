@@ -119,24 +119,3 @@ def _unfreeze_adapter(model: Any, name: str) -> None:
     for n, p in model.named_parameters():
         if f".{name}." in n:
             p.requires_grad_(True)
-
-
-def merged_state_dict(policy: Any) -> dict[str, torch.Tensor]:
-    """Full-model weights to push to a separate generator: LoRA merged in, then unmerged.
-
-    Names are those of the base model (``model.layers.0...``), as a generator loading the base
-    checkpoint expects.
-    """
-    if not hasattr(policy, "merge_adapter"):
-        return {k: v.detach() for k, v in policy.state_dict().items()}
-    policy.merge_adapter()
-    try:
-        base = policy.get_base_model()
-        out = {}
-        for name, tensor in base.state_dict().items():
-            if "lora_" in name:
-                continue
-            out[name.replace(".base_layer.", ".")] = tensor.detach().clone()
-        return out
-    finally:
-        policy.unmerge_adapter()

@@ -7,13 +7,11 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
+
+from agentrl.loading import SpecError, load_spec
 
 ENTRY_POINT_GROUP = "agentrl.environments"
 
@@ -63,27 +61,7 @@ def resolve(spec: str) -> Callable[..., Any]:
 
 def load_object(target: str) -> Callable[..., Any]:
     """The object named by ``"module:attr"`` or ``"path/to/file.py:attr"`` (environments, reward functions)."""
-    where, _, attr = target.rpartition(":")
-    if not where or not attr:
-        raise UnknownEnvironment(f"bad spec {target!r}: expected 'module:Class' or 'file.py:Class'")
-    if where.endswith(".py"):
-        path = Path(where).expanduser().resolve()
-        if not path.is_file():
-            raise UnknownEnvironment(f"file not found: {path}")
-        mod_name = f"agentrl_user_env_{abs(hash(str(path)))}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            module_spec = importlib.util.spec_from_file_location(mod_name, path)
-            assert module_spec and module_spec.loader
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[mod_name] = module
-            module_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as exc:
-            raise UnknownEnvironment(f"cannot import {where!r} for spec {target!r}: {exc}") from exc
     try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise UnknownEnvironment(f"{where!r} has no attribute {attr!r} (spec {target!r})") from None
+        return load_spec(target)
+    except SpecError as exc:
+        raise UnknownEnvironment(str(exc)) from exc.__cause__

@@ -7,7 +7,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field
 
-from agentrl.config import GeneratorSettings, ModelSettings, RolloutSettings, SamplingConfig, Strict
+from agentrl.config import ENV_ARGS_DOC, ENV_DOC, GeneratorSettings, ModelSettings, RolloutConfig, SamplingConfig, Strict
 from agentrl.losses import LossConfig
 
 
@@ -16,26 +16,28 @@ LossSettings = LossConfig
 
 
 class LoraSettings(Strict):
-    r: int = Field(16, ge=1)
-    lora_alpha: int = 32
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] | str = "all-linear"
+    r: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(32, description="LoRA scaling numerator (scale = lora_alpha / r)")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input")
+    target_modules: list[str] | str = Field("all-linear", description="module names to adapt, or 'all-linear'")
 
 
 class ExtraReward(Strict):
     """A reward function added to the environment's: ``fn="module:function"`` or ``"file.py:function"``."""
 
-    fn: str
-    weight: float = 1.0
-    name: str | None = None
+    fn: str = Field(description="'module:function' or 'file.py:function'")
+    weight: float = Field(1.0, description="multiplies the function's value in the total reward")
+    name: str | None = Field(None, description="metric name (default: the function's name)")
 
 
 class TrainConfig(Strict):
-    env: str = "calculator"
-    env_args: dict[str, Any] = Field(default_factory=dict)
+    """``agentrl train``: GRPO on an environment (docs/training.md)."""
+
+    env: str = Field("calculator", description=ENV_DOC)
+    env_args: dict[str, Any] = Field(default_factory=dict, description=ENV_ARGS_DOC)
     model: ModelSettings = Field(default_factory=ModelSettings)
     output_dir: str | None = Field(None, description="run folder (default runs/<env>-<time>)")
-    seed: int = 0
+    seed: int = Field(0, description="seeds torch, task order and sampling (sampling.seed defaults to it)")
     resume: str | None = Field(None, description="'latest' (in output_dir), a run folder or a checkpoint folder")
 
     # batch shape
@@ -47,46 +49,46 @@ class TrainConfig(Strict):
     micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
 
     # optimisation
-    learning_rate: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    adam_betas: tuple[float, float] = (0.9, 0.99)
+    learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2)")
     optimizer_offload: bool = Field(
         False, description="keep AdamW's two moments in host memory, streamed through the GPU at each step (-8 bytes/parameter of GPU memory, ~16 bytes/parameter of PCIe traffic per step)"
     )
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    gradient_checkpointing: bool = False
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the gradient norm to this (null: no clipping)")
+    lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field("constant", description="learning-rate schedule over max_steps")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup steps of the schedule")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory, ~30% slower)")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on CUDA with bf16, else fp32")
-    logprob_chunk_size: int = Field(1024, ge=1)
+    logprob_chunk_size: int = Field(1024, ge=1, description="tokens per chunk when computing log-probs (bounds the logits' memory)")
 
     # the objective
     loss: LossConfig = Field(default_factory=LossConfig)
-    advantage_scale: Literal["group", "batch", "none"] = "group"
+    advantage_scale: Literal["group", "batch", "none"] = Field("group", description="divide advantages by the group's or the batch's reward std, or not")
     advantage: Literal["episode", "turn"] = Field(
         "episode", description="episode: every token gets its episode's group-relative advantage (GRPO); turn: each turn's tokens get an unbiased per-turn advantage (docs/training.md, per-turn credit)"
     )
-    mask_truncated_completions: bool = False
-    extra_rewards: list[ExtraReward] = Field(default_factory=list)
-    peft: LoraSettings | None = None
+    mask_truncated_completions: bool = Field(False, description="truncated episodes get no gradient")
+    extra_rewards: list[ExtraReward] = Field(default_factory=list, description="reward functions added to the environment's: [{fn: 'mod:f', weight: 1.0}]")
+    peft: LoraSettings | None = Field(None, description="LoRA training (off unless a peft.* key is set)")
     ref_mix_alpha: float | None = Field(None, gt=0, le=1, description="TR-DPO: ref <- a*policy + (1-a)*ref")
-    ref_mix_every: int = Field(0, ge=0)
+    ref_mix_every: int = Field(0, ge=0, description="TR-DPO: mix the reference every N steps (0: off)")
 
     # generation
     sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.7))
-    rollout: RolloutSettings = Field(default_factory=lambda: RolloutSettings(max_tokens_per_turn=64, max_completion_tokens=256, max_context=1024))
+    rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(max_tokens_per_turn=64, max_completion_tokens=256, max_context=1024))
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
 
     # observability and checkpoints
-    log_every: int = Field(1, ge=1)
+    log_every: int = Field(1, ge=1, description="write metrics every N steps")
     samples_per_log: int = Field(2, ge=0, description="trajectories written to samples.jsonl per log step")
-    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list)
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list, description="experiment trackers, e.g. [tensorboard]")
     eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps (0: off)")
-    eval_tasks: int = Field(64, ge=1)
+    eval_tasks: int = Field(64, ge=1, description="test tasks per periodic eval")
     eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of the periodic eval (0: greedy)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps")
     save_final: bool = Field(True, description="checkpoint after the last step")
-    keep_checkpoints: int | None = Field(2, ge=1)
+    keep_checkpoints: int | None = Field(2, ge=1, description="newest checkpoints kept (null: all)")
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

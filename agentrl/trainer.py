@@ -31,7 +31,7 @@ import anyio
 import torch
 
 from agentrl.batch import Batch, build_batch
-from agentrl.config import ConfigError, build, parse_overrides, require_backend, rollout_config
+from agentrl.config import ConfigError, build, parse_overrides, require_backend
 from agentrl.curve import write_reward_curve
 from agentrl.env import Environment
 from agentrl.generators import WeightUpdate, build_generator, run_with
@@ -63,7 +63,7 @@ class Trainer:
         from accelerate import Accelerator
 
         from agentrl.chat import get_chat_format
-        from agentrl.models import load_tokenizer, resolve_model
+        from agentrl.models import load_tokenizer, pad_token_id, resolve_model
 
         instance = env if isinstance(env, Environment) else None
         cfg = self.cfg = _config(config, env, keys)
@@ -101,15 +101,14 @@ class Trainer:
         )
         self.learner = Learner(self.accelerator, self.policy, self.optimizer, self.scheduler, self.reference, cfg.loss, settings)
 
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.chat_format.stop_token_ids[0]
-        self.pad_id = int(pad)
+        self.pad_id = pad_token_id(self.tokenizer, self.chat_format.stop_token_ids)
         separate = cfg.generator.backend != "transformers"  # vLLM loads the base checkpoint itself
         self.generator = build_generator(
             cfg.generator, model=None if separate else self._module(), model_path=generation_base(path, kind) if separate else str(path),
             pad_token_id=self.pad_id, max_context=cfg.rollout.max_context if separate else None, seed=cfg.seed,
             train_dtype=torch.bfloat16 if bf16 else None,
         )
-        self.engine = RolloutEngine(self.generator, self.chat_format, rollout_config(cfg.sampling, cfg.rollout))
+        self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
@@ -207,7 +206,7 @@ class Trainer:
         """Mean reward on the first ``n`` test tasks, one episode each at ``eval_temperature``."""
         tasks = list(self.env.dataset("test"))[:n]
         sampling = self.cfg.sampling.model_copy(update={"temperature": self.cfg.eval_temperature})
-        engine = RolloutEngine(self.generator, self.chat_format, rollout_config(sampling, self.cfg.rollout))
+        engine = RolloutEngine(self.generator, self.chat_format, self.cfg.rollout, sampling)
         groups, _ = self._rollout(tasks, seed=10_000_019, n=1, engine=engine)
         self.eval_results[self.state.step] = [g.trajectories[0].reward if g.trajectories[0].ok else None for g in groups]
         rewards = [t.reward for g in groups for t in g.ok]

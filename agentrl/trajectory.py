@@ -36,10 +36,6 @@ class Sample:
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
-    def truncate(self, length: int) -> None:
-        """Drop completion tokens past ``length`` (a rolled-back environment turn)."""
-        del self.completion_ids[length:], self.loss_mask[length:], self.logprobs[length:]
-
     @property
     def ids(self) -> list[int]:
         return self.prompt_ids + self.completion_ids

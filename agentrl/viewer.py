@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,58 +325,3 @@ def delta_bucket(delta: float) -> int:
     """0 (|Δ| < 1e-3) to 4 (>= 0.5)."""
     d = abs(delta)
     return 0 if d < 1e-3 else 1 if d < 1e-2 else 2 if d < 0.1 else 3 if d < 0.5 else 4
-
-
-# ---------------------------------------------------------------------------- command
-
-
-def parse_args(args: list[str]) -> dict[str, str]:
-    opts: dict[str, str] = {}
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            if "source" in opts:
-                raise ViewError(f"one input at a time: got {opts['source']!r} and {arg!r}\n{USAGE}")
-            opts["source"] = arg
-        elif key in ("source", "out", "tokenizer"):
-            opts[key] = value
-        else:
-            raise ViewError(f"unknown option {key!r} (known: out=, tokenizer=)\n{USAGE}")
-    if "source" not in opts:
-        raise ViewError(USAGE)
-    return opts
-
-
-def build_page(source: str | Path, tokenizer: str | None = None) -> tuple[str, int, str]:
-    """The HTML of ``source``, its episode count and how tokens were decoded.
-
-    ``tokenizer``: a path or hub id, "none" for ids only, or None to find the run's own.
-    """
-    from agentrl.viewer_html import render_page
-
-    jsonl = find_input(Path(source))
-    episodes = read_episodes(jsonl)
-    if tokenizer == "none":
-        tok, note = None, "tokens shown as ids (tokenizer=none)"
-    else:
-        tok, note = load_tokenizer([tokenizer] if tokenizer else tokenizer_candidates(jsonl))
-    return render_page(episodes, Decoder(tok), title=str(jsonl), note=note), len(episodes), note
-
-
-def main(args: list[str]) -> int:
-    if any(a in ("-h", "--help", "help") for a in args[:1]):
-        print(USAGE)
-        return 0
-    try:
-        opts = parse_args(args)
-        source = Path(opts["source"])
-        jsonl = find_input(source)
-        out = Path(opts.get("out") or (source / "view.html" if source.is_dir() else jsonl.with_suffix(".html")))
-        page, n, note = build_page(jsonl, opts.get("tokenizer"))
-    except ViewError as exc:
-        print(f"agentrl view: {exc}", file=sys.stderr)
-        return 2
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
-    print(f"wrote {out} ({n} episodes, {len(page.encode()) / 1e6:.2f} MB; {note})")
-    return 0

@@ -140,7 +140,7 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
     from agentrl.chat import get_chat_format
     from agentrl.config import GeneratorSettings
     from agentrl.generators import SamplingParams, build_generator
-    from agentrl.models import load_model, load_tokenizer
+    from agentrl.models import load_model, load_tokenizer, pad_token_id
     from agentrl.rollout import RolloutConfig, RolloutEngine
 
     backend, model_path = args.child, Path(args.model)
@@ -161,18 +161,17 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
         settings = GeneratorSettings(backend="vllm-server", url=f"http://127.0.0.1:{port}", timeout_s=300)
     try:
         generator = build_generator(
-            settings, model_path=str(model_path), pad_token_id=tokenizer.pad_token_id or fmt.stop_token_ids[0],
+            settings, model_path=str(model_path), pad_token_id=pad_token_id(tokenizer, fmt.stop_token_ids),
             max_context=args.max_context, model=model, seed=args.seed,
         )
         if server is not None:
             generator.wait_until_ready(300)  # type: ignore[attr-defined]
         startup = time.perf_counter() - started
         config = RolloutConfig(
-            sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
             max_tokens_per_turn=args.max_tokens_per_turn, max_completion_tokens=args.max_completion_tokens,
             max_context=args.max_context, max_concurrent_episodes=args.episodes,
         )
-        engine = RolloutEngine(generator, fmt, config)
+        engine = RolloutEngine(generator, fmt, config, SamplingParams(temperature=args.temperature, seed=args.seed))
         env = make("calculator")
         data = list(env.dataset("test"))
         tasks = [dict(data[i % len(data)]) for i in range(args.episodes)]

@@ -171,11 +171,11 @@ def latency_env(median_s: float, p95_s: float, seed: int, concurrency: int) -> E
 
 async def rollout(
     scheduler: str, model: torch.nn.Module, fmt: ChatFormat, env: Environment,
-    tasks: list[dict[str, Any]], config: RolloutConfig, seed: int, gather_window_s: float,
+    tasks: list[dict[str, Any]], config: RolloutConfig, sampling: SamplingParams, seed: int, gather_window_s: float,
 ) -> Result:
     generator = TransformersGenerator(model, pad_token_id=fmt.tokenizer.pad_token_id, gather_window_s=gather_window_s)
     lockstep = LockstepGenerator(generator, len(tasks)) if scheduler == "lockstep" else None
-    engine = RolloutEngine(lockstep or generator, fmt, config)  # type: ignore[arg-type]
+    engine = RolloutEngine(lockstep or generator, fmt, config, sampling)  # type: ignore[arg-type]
     start = time.perf_counter()
     try:
         groups = await engine.run(env, tasks, n=1, seed=seed, on_episode=lockstep.episode_done if lockstep else None)
@@ -273,8 +273,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = load_model("default", dtype=torch.float32, device="cpu")
     fmt = get_chat_format(load_tokenizer("default"))
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
     config = RolloutConfig(
-        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
         max_context=model.config.max_position_embeddings,
         max_concurrent_episodes=max(args.episodes),
     )
@@ -283,7 +283,7 @@ def main() -> None:
 
     async def run_all() -> list[Row]:
         warm = latency_env(0.0, 0.0, args.seed, 8)  # threads, template, allocator: not timed
-        await rollout("engine", model, fmt, warm, [dict(data[i]) for i in range(8)], config, args.seed, args.gather_window)
+        await rollout("engine", model, fmt, warm, [dict(data[i]) for i in range(8)], config, sampling, args.seed, args.gather_window)
         rows: list[Row] = []
         for median, p95 in latencies:
             label = f"median {median:g} s, p95 {p95:g} s" if median > 0 else "none"
@@ -293,7 +293,7 @@ def main() -> None:
                 for rep in range(args.repeats):  # alternate the order so drift in machine load hits both
                     for scheduler in ("lockstep", "engine") if rep % 2 == 0 else ("engine", "lockstep"):
                         env = latency_env(median, p95, args.seed, n)
-                        r = await rollout(scheduler, model, fmt, env, tasks, config, args.seed, args.gather_window)
+                        r = await rollout(scheduler, model, fmt, env, tasks, config, sampling, args.seed, args.gather_window)
                         runs[scheduler].append(r)
                         print(f"{scheduler:>8} n={n:<4} latency={label}: {r.wall_s:.1f} s, {r.episodes_per_s:.2f} ep/s, "
                               f"{r.batches} batches, {r.rounds} rounds", file=sys.stderr)

@@ -18,7 +18,7 @@ import torch
 import agentrl
 from agentrl.chat import get_chat_format
 from agentrl.dispatch import MALFORMED
-from agentrl.models import load_model, load_tokenizer
+from agentrl.models import load_model, load_tokenizer, pad_token_id
 
 
 
@@ -52,7 +52,7 @@ def run(env_name: str, model_spec: str, split: str, n: int, batch_size: int = 64
     tokenizer = load_tokenizer(model_spec)
     model = load_model(model_spec)
     fmt = get_chat_format(tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else fmt.stop_token_ids[0]
+    pad_id = pad_token_id(tokenizer, fmt.stop_token_ids)
     base = agentrl.make(env_name)
     tasks = list(base.dataset(split))[:n]
 

@@ -130,7 +130,7 @@ def test_rollout_keeps_turn_rewards_and_token_positions():
     """A real multi-turn rollout: each turn's sampled tokens are where the Turn says, rewards per turn add up."""
     from agentrl.chat import get_chat_format
     from agentrl.environments.calculator import CalculatorEnv
-    from agentrl.generators import SamplingParams
+    from agentrl.generators import SamplingConfig
     from agentrl.generators.transformers import TransformersGenerator
     from agentrl.models import load_model, load_tokenizer
     from agentrl.rollout.engine import RolloutConfig, RolloutEngine
@@ -139,7 +139,7 @@ def test_rollout_keeps_turn_rewards_and_token_positions():
     fmt = get_chat_format(load_tokenizer("default"))
     env = CalculatorEnv(num_train=16, num_test=4, format_weight=0.5)
     gen = TransformersGenerator(model, pad_token_id=0, gather_window_s=0.01)
-    engine = RolloutEngine(gen, fmt, RolloutConfig(sampling=SamplingParams(temperature=1.0, seed=1), max_tokens_per_turn=48, max_completion_tokens=200))
+    engine = RolloutEngine(gen, fmt, RolloutConfig(max_tokens_per_turn=48, max_completion_tokens=200), SamplingConfig(temperature=1.0, seed=1))
     tasks = [dict(env.dataset("train")[i]) for i in range(3)]
     out = anyio.run(lambda: engine.run(env, tasks, n=2, seed=0))
     anyio.run(gen.close)

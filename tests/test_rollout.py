@@ -32,7 +32,7 @@ def fmt():
 def engine_for(model, fmt, **cfg) -> RolloutEngine:
     sampling = cfg.pop("sampling", SamplingParams(temperature=1.0, seed=1))
     gen = TransformersGenerator(model, pad_token_id=fmt.tokenizer.pad_token_id, gather_window_s=0.002)
-    return RolloutEngine(gen, fmt, RolloutConfig(sampling=sampling, **cfg))
+    return RolloutEngine(gen, fmt, RolloutConfig(**cfg), sampling)
 
 
 def run(engine: RolloutEngine, env, tasks, n=1, seed=0):

@@ -32,7 +32,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentrl.chat import ChatFormat, get_chat_format
 from agentrl.env import Environment
-from agentrl.generators.base import SamplingParams
+from agentrl.generators.base import SamplingConfig
 from agentrl.generators.transformers import TransformersGenerator
 from agentrl.rollout import RolloutConfig, RolloutEngine, rollout_metrics
 from agentrl.trajectory import Trajectory
@@ -98,9 +98,8 @@ class RestrictedHead(torch.nn.Module):
 
 def rollout(fmt: ChatFormat, model: Qwen3ForCausalLM, episodes: int = 6) -> list[Trajectory]:
     gen = TransformersGenerator(model, pad_token_id=fmt.tokenizer.pad_token_id, gather_window_s=0.002)
-    cfg = RolloutConfig(sampling=SamplingParams(temperature=1.0, seed=3), max_tokens_per_turn=80,
-                        max_completion_tokens=4000, max_context=4000)  # fmt: skip
-    engine = RolloutEngine(gen, fmt, cfg)
+    cfg = RolloutConfig(max_tokens_per_turn=80, max_completion_tokens=4000, max_context=4000)
+    engine = RolloutEngine(gen, fmt, cfg, SamplingConfig(temperature=1.0, seed=3))
 
     async def main() -> list:
         try:

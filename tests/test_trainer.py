@@ -163,28 +163,6 @@ def test_missing_tracker_is_a_clear_error(tmp_path):
         Trainer(config(tmp_path, "report_to=[\"wandb\"]"))
 
 
-def test_merged_state_dict_matches_merge_and_unload():
-    import copy
-
-    from peft import LoraConfig, get_peft_model
-
-    from agentrl.models import load_model
-    from agentrl.reference import merged_state_dict
-
-    base = load_model("default", dtype=torch.float32, device="cpu")
-    model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
-    pushed = merged_state_dict(model)
-    reference = copy.deepcopy(model).merge_and_unload().state_dict()
-    assert pushed.keys() == reference.keys()
-    for k in reference:
-        assert torch.allclose(pushed[k], reference[k], atol=1e-6), k
-    # the live model is unmerged again: its output still differs from the base model's
-    ids = torch.tensor([[3, 4, 5]])
-    with torch.no_grad(), model.disable_adapter():
-        plain = model(ids).logits
-    with torch.no_grad():
-        assert not torch.allclose(model(ids).logits, plain)
-
 
 def test_gradient_checkpointing_and_extra_reward(tmp_path):
     reward_file = tmp_path / "my_rewards.py"

@@ -70,7 +70,7 @@ def rollouts(model, cases: dict) -> dict[str, list[Trajectory]]:
     out: dict[str, list[Trajectory]] = {}
 
     async def one(name, fmt, env, tasks, n, sampling, limits):
-        engine = RolloutEngine(gen, fmt, RolloutConfig(sampling=sampling, **limits))
+        engine = RolloutEngine(gen, fmt, RolloutConfig(**limits), sampling)
         out[name] = [t for g in await engine.run(env, tasks, n=n, seed=0) for t in g.trajectories]
 
     async def go():

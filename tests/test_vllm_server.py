@@ -283,7 +283,7 @@ def test_rollout_on_calculator_against_the_server(server, hf):
     temperature = 1.0
     engine = RolloutEngine(
         VLLMServerGenerator(server.url), get_chat_format(tok),
-        RolloutConfig(sampling=SamplingParams(temperature=temperature, seed=0), max_context=1024),
+        RolloutConfig(max_context=1024), SamplingParams(temperature=temperature, seed=0),
     )
 
     async def main():

@@ -19,8 +19,8 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from agentrl.config import Strict, build, parse_overrides
-from agentrl.doctor import checks as C
-from agentrl.doctor import material as M
+import agentrl.doctor.checks as C
+import agentrl.doctor.material as M
 from agentrl.doctor.loading import DoctorError, load_tokenizer
 from agentrl.doctor.report import Report, write
 

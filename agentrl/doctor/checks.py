@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.doctor import material as M
+import agentrl.doctor.material as M
 from agentrl.doctor.diff import TokenDiff, token_diff, value_differences
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"

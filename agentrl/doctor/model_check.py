@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.doctor import material as M
+import agentrl.doctor.material as M
 from agentrl.doctor.checks import FAIL, PASS, WARN, Check, parse, short
 
 
@@ -58,11 +58,12 @@ def check_generation(fmt: Any, model: Any, env_name: str | None, max_new_tokens:
 
     from agentrl.generators.base import SamplingParams
     from agentrl.generators.transformers import TransformersGenerator
+    from agentrl.models import pad_token_id
 
     name = "greedy generation parses"
     messages, tools, where = episode_start(env_name)
     prompt = fmt.render(messages, tools)
-    pad = fmt.tokenizer.pad_token_id if fmt.tokenizer.pad_token_id is not None else fmt.stop_token_ids[0]
+    pad = pad_token_id(fmt.tokenizer, fmt.stop_token_ids)
     generator = TransformersGenerator(model, pad_token_id=pad, max_batch_size=1)
     sampling = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=list(fmt.stop_token_ids))
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.generators.base import FinishReason, Generation, Generator, SamplingParams
+from agentrl.generators.base import FinishReason, Generation, Generator, SamplingConfig, SamplingParams
 from agentrl.generators.weights import WeightUpdate
 
-__all__ = ["FinishReason", "Generation", "Generator", "SamplingParams", "WeightUpdate", "build_generator", "run_with"]
+__all__ = ["FinishReason", "Generation", "Generator", "SamplingConfig", "SamplingParams", "WeightUpdate", "build_generator", "run_with"]
 
 
 def run_with(generator: Any, fn: Any, *args: Any) -> Any:

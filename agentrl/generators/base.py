@@ -9,8 +9,12 @@ recomputes exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import ConfigDict, Field
+
+from agentrl.strict import Strict
 
 if TYPE_CHECKING:
     from agentrl.generators.weights import WeightUpdate
@@ -18,40 +22,40 @@ if TYPE_CHECKING:
 FinishReason = Literal["stop", "length", "abort"]
 
 
-@dataclass
-class SamplingParams:
-    """Per-request sampling settings. ``top_k=0`` and ``top_p=1`` and ``min_p=0`` mean no filtering.
+class SamplingConfig(Strict):
+    """How tokens are drawn: the ``sampling`` section of train and eval configs.
 
-    ``min_tokens``: stop tokens are masked until this many tokens were generated (as vLLM's
-    ``min_tokens`` and transformers' ``min_new_tokens``); used to benchmark fixed-length decoding.
+    ``top_k=0``, ``top_p=1`` and ``min_p=0`` mean no filtering.
     """
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    max_tokens: int = 256
-    stop_token_ids: list[int] = field(default_factory=list)
-    seed: int | None = None
-    min_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+    temperature: float = Field(1.0, ge=0, description="0: greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus filtering (1: off)")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: off)")
+    min_p: float = Field(0.0, ge=0, lt=1, description="drop tokens below min_p x the top probability (0: off)")
+    seed: int | None = Field(None, description="base sampling seed (None: unseeded; train uses its seed)")
+    min_tokens: int = Field(0, ge=0, description="mask stop tokens until this many tokens per turn")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+class SamplingParams(SamplingConfig):
+    """One request: the sampling settings plus this turn's token budget and stop tokens.
+
+    The rollout engine derives it from a ``SamplingConfig`` per turn, so defaults and bounds live
+    in one place. ``min_tokens`` works as vLLM's ``min_tokens`` and transformers' ``min_new_tokens``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(256, ge=1, description="tokens this request may sample")
+    stop_token_ids: list[int] = Field(default_factory=list, description="sampling one of these ends the request")
+
+    @classmethod
+    def of(cls, sampling: SamplingConfig, **request: Any) -> SamplingParams:
+        """The request for ``sampling`` with per-turn fields (``max_tokens``, ``stop_token_ids``, ``seed``)."""
+        return cls(**{**sampling.model_dump(include=set(SamplingConfig.model_fields)), **request})
 
 
 @dataclass

@@ -32,7 +32,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -147,7 +146,7 @@ class VLLMServerGenerator:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise ValueError("prompt_ids is empty")
-        body = json.dumps({"prompt_ids": prompt, "sampling": asdict(sampling)}).encode()
+        body = json.dumps({"prompt_ids": prompt, "sampling": sampling.model_dump()}).encode()
         call = _Call()
         try:
             resp = await anyio.to_thread.run_sync(

@@ -25,7 +25,7 @@ Stable API (signatures the server mode relies on):
   logprobs, finish reason ("stop" | "length" | "abort").
 - ``push_weights(policy)`` and ``normalize_named_tensors(named)``: re-exported from
   ``generators/weights.py`` (``merged_weights``), where ``WeightUpdate`` reads them for every backend.
-- ``checkpoint_shapes(path) -> dict | None`` and ``check_against_checkpoint(named, shapes, tied)``:
+- ``checkpoint_shapes(path) -> dict | None``, ``shape_problems(...)`` and ``check_against_checkpoint(named, shapes, tied)``:
   refuse a push whose names or shapes the loaded checkpoint lacks (reloading a wrong shape
   leaves the engine's layers half-restored).
 - ``save_for_reload(named, folder) -> Path``: write ``model.safetensors`` for vLLM's path-based
@@ -60,6 +60,7 @@ __all__ = [
     "VLLMNotInstalledError",
     "check_against_checkpoint",
     "checkpoint_shapes",
+    "shape_problems",
     "cpu_env_defaults",
     "engine_kwargs",
     "normalize_named_tensors",
@@ -206,19 +207,39 @@ def checkpoint_shapes(path: str | Path) -> dict[str, tuple[int, ...]] | None:
     return shapes
 
 
+def shape_problems(names_shapes: Mapping[str, tuple[int, ...]], expected: Mapping[str, tuple[int, ...]], tied: bool, full: bool) -> str | None:
+    """One message naming what is wrong with a weight push against the engine's checkpoint, or None.
+
+    Unknown names and wrong shapes always are (a bad push would corrupt the engine); ``full``: a
+    missing name is too (a server push must hold the whole model). A tied model's
+    ``lm_head.weight`` is optional: the engine derives it from the embedding.
+    """
+    if not expected:
+        return None
+    optional = {"lm_head.weight"} if tied else set()
+    unknown = sorted(set(names_shapes) - set(expected) - optional)
+    missing = sorted(set(expected) - set(names_shapes) - optional) if full else []
+    wrong = [f"{n}: {list(s)} != {list(expected[n])}" for n, s in names_shapes.items() if n in expected and tuple(s) != tuple(expected[n])]
+    problems = []
+    if unknown:
+        problems.append(f"{len(unknown)} unknown name(s) {unknown[:5]}")
+    if missing:
+        problems.append(f"{len(missing)} missing (a push must hold the full model) {missing[:5]}")
+    if wrong:
+        problems.append(f"shape mismatch {wrong[:5]}")
+    return "; ".join(problems) or None
+
+
 def check_against_checkpoint(named: list[tuple[str, torch.Tensor]], shapes: dict[str, tuple[int, ...]], tied: bool) -> list[tuple[str, torch.Tensor]]:
-    """Refuse names or shapes the loaded checkpoint does not have (a bad push would corrupt the engine).
+    """The tensors to load, or ValueError naming the names or shapes the checkpoint does not have.
 
     A tied model's ``lm_head.weight`` is dropped: the engine derives it from the embedding.
     """
     if tied:
         named = [(n, t) for n, t in named if n != "lm_head.weight"]
-    unknown = [n for n, _ in named if n not in shapes]
-    if unknown:
-        raise ValueError(f"update_weights: {len(unknown)} name(s) not in the engine's checkpoint: {unknown[:5]}")
-    wrong = [f"{n}: {tuple(t.shape)} != {shapes[n]}" for n, t in named if tuple(t.shape) != shapes[n]]
-    if wrong:
-        raise ValueError(f"update_weights: shape mismatch: {wrong[:5]}")
+    problem = shape_problems({n: tuple(t.shape) for n, t in named}, shapes, tied, full=False)
+    if problem:
+        raise ValueError(f"update_weights: {problem}")
     return named
 
 

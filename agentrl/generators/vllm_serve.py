@@ -160,18 +160,6 @@ class _Gate:
                 self._cond.notify_all()
 
 
-def _checkpoint_shapes(folder: str) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of the model's safetensors checkpoint (what a full push must send)."""
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
-
-
 def _safetensors_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
     """Names and shapes from a safetensors file's header, checking that the data it declares is there.
 
@@ -204,31 +192,13 @@ def _safetensors_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _check_push(names_shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], tied: bool) -> str | None:
-    """One message naming what is wrong with a pushed weight set, or None."""
-    if not expected:
-        return None
-    optional = {"lm_head.weight"} if tied else set()
-    unknown = sorted(set(names_shapes) - set(expected) - optional)
-    missing = sorted(set(expected) - set(names_shapes) - optional)
-    wrong = [f"{n}: {list(s)} != {list(expected[n])}" for n, s in names_shapes.items() if n in expected and s != expected[n]]
-    problems = []
-    if unknown:
-        problems.append(f"{len(unknown)} unknown name(s) {unknown[:5]}")
-    if missing:
-        problems.append(f"{len(missing)} missing (a push must hold the full model) {missing[:5]}")
-    if wrong:
-        problems.append(f"shape mismatch {wrong[:5]}")
-    return "; ".join(problems) or None
-
-
 def create_app(cfg: ServeConfig) -> Any:
     """The FastAPI app; the engine starts in its lifespan, before the port accepts connections."""
     from fastapi import FastAPI, HTTPException, Request
     from pydantic import BaseModel
 
     from agentrl.generators.base import SamplingParams
-    from agentrl.generators.vllm_common import engine_kwargs, to_generation, to_vllm_sampling
+    from agentrl.generators.vllm_common import checkpoint_shapes, engine_kwargs, shape_problems, to_generation, to_vllm_sampling
     from agentrl.models import resolve_model
 
     model_path = resolve_model(cfg.model)
@@ -266,7 +236,7 @@ def create_app(cfg: ServeConfig) -> Any:
             vocab_size=mc.get_vocab_size(),
             dtype=str(mc.dtype).removeprefix("torch."),
             tied=bool(getattr(mc.hf_config, "tie_word_embeddings", False)),
-            expected=_checkpoint_shapes(model_path) if os.path.isdir(model_path) else {},
+            expected=checkpoint_shapes(model_path) or {},
         )
         print(f"agentrl vllm-serve: {model_path} ready on http://{cfg.host}:{cfg.port} (instance {instance})", flush=True)
         try:
@@ -332,7 +302,7 @@ def create_app(cfg: ServeConfig) -> Any:
             shapes = _safetensors_shapes(body)
         except ValueError as exc:
             raise HTTPException(400, f"body is not a safetensors file: {exc}") from None
-        problem = _check_push(shapes, state["expected"], state["tied"])
+        problem = shape_problems(shapes, state["expected"], state["tied"], full=True)
         if problem:
             raise HTTPException(400, f"weights do not match the served model {model_path}: {problem}")
         path = scratch / f"push-{uuid.uuid4().hex}.safetensors"

@@ -98,12 +98,12 @@ def resolve_loss(loss_type: str) -> LossSpec:
 
 
 def _from_import_spec(loss_type: str) -> LossSpec:
-    from agentrl.registry import UnknownEnvironment, load_object  # the one loader of user files
+    from agentrl.loading import SpecError, load_spec  # the one loader of user files
 
     name = loss_type.rpartition(":")[2]
     try:
-        obj = load_object(loss_type)
-    except UnknownEnvironment as exc:  # also "has no attribute": the registered name may differ from it
+        obj = load_spec(loss_type)
+    except SpecError as exc:  # also "has no attribute": the registered name may differ from it
         if name in LOSSES:
             return LOSSES[name]
         if "has no attribute" in str(exc):

@@ -20,48 +20,43 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
+from pydantic import Field
 
 from agentrl.chat.base import ChatFormat
 from agentrl.dispatch import ToolRecord
 from agentrl.env import Environment
-from agentrl.generators.base import Generator, SamplingParams
+from agentrl.generators.base import Generator, SamplingConfig, SamplingParams
+from agentrl.strict import Strict
 from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
 
 
-@dataclass
-class RolloutConfig:
-    """Per-episode limits and sampling.
+class RolloutConfig(Strict):
+    """Per-episode limits: the ``rollout`` section of train and eval configs.
 
-    ``max_turns``: assistant turns (None = the environment's own ``max_turns``).
-    ``max_tokens_per_turn``: sampled tokens per turn. ``max_completion_tokens``: sampled plus
-    environment tokens after the prompt. ``max_context``: prompt + completion.
-    ``max_concurrent_episodes``: episodes in flight at once.
+    ``max_completion_tokens`` counts sampled plus environment tokens after the prompt;
+    ``max_context`` is prompt + completion. The prompt must leave room for at least one token.
     """
 
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_turns: int | None = None
-    max_tokens_per_turn: int = 256
-    max_completion_tokens: int = 1024
-    max_context: int = 2048
-    max_concurrent_episodes: int = 256
-
-    def __post_init__(self) -> None:
-        for name in ("max_tokens_per_turn", "max_completion_tokens", "max_context", "max_concurrent_episodes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+    max_turns: int | None = Field(None, ge=1, description="assistant turns (None: the environment's own max_turns)")
+    max_tokens_per_turn: int = Field(256, ge=1, description="sampled tokens per assistant turn")
+    max_completion_tokens: int = Field(1024, ge=1, description="sampled + environment tokens after the prompt")
+    max_context: int = Field(2048, ge=16, description="prompt + completion tokens")
+    max_concurrent_episodes: int = Field(256, ge=1, description="episodes in flight at once")
 
 
 class RolloutEngine:
     """Runs episodes of an environment against a generator through one chat format."""
 
-    def __init__(self, generator: Generator, chat_format: ChatFormat, config: RolloutConfig | None = None) -> None:
+    def __init__(
+        self, generator: Generator, chat_format: ChatFormat, config: RolloutConfig | None = None, sampling: SamplingConfig | None = None
+    ) -> None:
         self.generator = generator
         self.chat_format = chat_format
         self.config = config or RolloutConfig()
+        self.sampling = sampling or SamplingConfig()
         self.events: list[tuple[str, int, int]] = []  # (kind, episode, turn) in order, for tests and debugging
         self.record_events = False
 
@@ -137,7 +132,7 @@ class RolloutEngine:
             if budget < 1:
                 await self._cut(env, traj, binding)
                 return
-            sampling = replace(cfg.sampling, max_tokens=budget, stop_token_ids=list(fmt.stop_token_ids), seed=self._seed(traj, turn_index))
+            sampling = SamplingParams.of(self.sampling, max_tokens=budget, stop_token_ids=list(fmt.stop_token_ids), seed=self._seed(traj, turn_index))
             self._event("generate", traj, turn_index)
             t0 = time.perf_counter()
             gen = await self.generator.generate(sample.ids, sampling)
@@ -222,7 +217,7 @@ class RolloutEngine:
 
     def _seed(self, traj: Trajectory, turn: int) -> int | None:
         """Distinct, reproducible sampling seeds per episode and turn when a base seed is set."""
-        base = self.config.sampling.seed
+        base = self.sampling.seed
         if base is None:
             return None
         return (base * 1_000_003 + (traj.seed or 0) * 10_007 + traj.index * 101 + turn) % (2**63)
