@@ -20,7 +20,6 @@ import datetime as dt
 import json
 import math
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 import anyio
 import torch
 
-from agentrl.checkpoint import checkpoint_dir, load_checkpoint, resolve_resume, save_checkpoint
+from agentrl.checkpoint import checkpoint_dir, load_checkpoint, open_run, prune_checkpoints, resolve_resume, save_checkpoint
 from agentrl.config import require_backend, rollout_config
 from agentrl.dispatch import ToolRecord
 from agentrl.env import Reward, reward_context, score
@@ -63,7 +62,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        open_run(self.run_dir, cfg.resume)  # refuses another run's folder; on resume, cuts logs back
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
 
         _check_trackers(cfg.report_to)
@@ -426,10 +425,7 @@ class Trainer:
         model = self.accelerator.unwrap_model(self.policy)
         state = {"step": self.step, "data_pos": self.data_pos, "epoch": self.epoch, "order": self.order, "history": self.history, "policy_kind": self.policy_kind}
         save_checkpoint(path, model, self.tokenizer, self.optimizer, self.scheduler, state)
-        if self.cfg.keep_checkpoints:
-            done = sorted(p for p in (self.run_dir / "checkpoints").iterdir() if p.name.startswith("step-") and not p.name.endswith(".tmp"))
-            for old in done[: -self.cfg.keep_checkpoints]:
-                shutil.rmtree(old)
+        prune_checkpoints(self.run_dir, self.cfg.keep_checkpoints)  # this run's own, by step number
         return path
 
     def _resume(self, resume: str) -> None:
