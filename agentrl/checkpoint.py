@@ -121,8 +121,6 @@ def open_run(run_dir: Path, resume: str | None) -> str:
     not logged twice, and this run's later checkpoints are renamed ``step-N.superseded-K`` (kept,
     but no longer seen by ``resume=latest`` or pruning).
     """
-    from agentrl.observe import truncate_logs
-
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise CheckpointError(f"output_dir {run_dir} is a file, not a folder")
@@ -152,6 +150,29 @@ def open_run(run_dir: Path, resume: str | None) -> str:
             _set_aside(later)
     truncate_logs(run_dir, step)
     return _claim(run_dir, run_id, resumed_from=str(path))
+
+
+def truncate_logs(run_dir: Path, step: int, names: tuple[str, ...] = LOG_FILES) -> None:
+    """Cut ``metrics.jsonl`` and ``samples.jsonl`` back to the records of steps up to ``step``.
+
+    Called on resume: the steps after the resumed checkpoint are run (and logged) again, so their
+    first records must go, or every one of them would appear twice. A line that does not parse (a
+    crash mid-write) goes too. Streams line by line and replaces each file atomically.
+    """
+    for name in names:
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        tmp = path.with_name(name + ".tmp")
+        with open(path, encoding="utf-8", errors="replace") as src, open(tmp, "w", encoding="utf-8") as dst:
+            for line in src:
+                try:
+                    record_step = json.loads(line).get("step")
+                except (ValueError, AttributeError, RecursionError):
+                    continue
+                if isinstance(record_step, int) and record_step <= step:
+                    dst.write(line if line.endswith("\n") else line + "\n")
+        os.replace(tmp, path)
 
 
 def _claim(run_dir: Path, run_id: str, resumed_from: str | None) -> str:

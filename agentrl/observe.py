@@ -8,7 +8,6 @@ shows step, reward, accuracy, KL, tokens/s and ETA; otherwise one plain line per
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -84,29 +83,6 @@ class RunLog:
         for row in self._rows[-15:]:
             table.add_row(*row)
         return table
-
-
-def truncate_logs(run_dir: Path, step: int, names: tuple[str, ...] = ("metrics.jsonl", "samples.jsonl")) -> None:
-    """Cut ``metrics.jsonl`` and ``samples.jsonl`` back to the records of steps up to ``step``.
-
-    Called on resume: the steps after the resumed checkpoint are run (and logged) again, so their
-    first records must go, or every one of them would appear twice. A line that does not parse (a
-    crash mid-write) goes too. Streams line by line and replaces each file atomically.
-    """
-    for name in names:
-        path = Path(run_dir) / name
-        if not path.is_file():
-            continue
-        tmp = path.with_name(name + ".tmp")
-        with open(path, encoding="utf-8", errors="replace") as src, open(tmp, "w", encoding="utf-8") as dst:
-            for line in src:
-                try:
-                    record_step = json.loads(line).get("step")
-                except (ValueError, AttributeError, RecursionError):
-                    continue
-                if isinstance(record_step, int) and record_step <= step:
-                    dst.write(line if line.endswith("\n") else line + "\n")
-        os.replace(tmp, path)
 
 
 def _fmt(record: dict[str, Any], key: str, fmt: str) -> str:
