@@ -86,13 +86,14 @@ async def run_call(call: ToolCall, tools: dict[str, Tool], injected: dict[str, A
     start = time.perf_counter()
     tool = tools.get(call.name)
     cap = _cap_of(tool)
+    name = safe_text(call.name)[:_QUOTE_CHARS]  # a model may invent a name of any length
 
     def result(kind: str, content: str, detail: str = "") -> ToolResult:
         text = cap_text(content, cap)
-        msg = {"role": "tool", "name": call.name, "content": text}
+        msg = {"role": "tool", "name": name, "content": text}
         if call.id is not None:
             msg["tool_call_id"] = call.id
-        record = ToolRecord(call.name, kind, time.perf_counter() - start, call.id, cap_text(detail, cap) if detail else text)
+        record = ToolRecord(name, kind, time.perf_counter() - start, call.id, cap_text(detail, cap) if detail else text)
         return ToolResult(msg, record)
 
     if tool is None:
@@ -236,7 +237,8 @@ def _run_cancelled(exc: BaseException) -> bool:
         task = asyncio.current_task()
     except RuntimeError:  # no running loop: we are in a worker thread
         return False
-    return task is None or task.cancelling() > 0
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+; on 3.10 every CancelledError counts as real
+    return task is None or cancelling is None or cancelling() > 0
 
 
 def _failure(raw: Any, start: float, content: str) -> ToolResult:

@@ -162,13 +162,12 @@ async def fuzz(steps: int, seed: int) -> int:
     return answered
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_hostile_tool_set_never_makes_step_raise(seed):
+def test_hostile_tool_set_never_makes_step_raise():
     RELEASE.clear()
     try:
         t0 = time.perf_counter()
-        answered = anyio.run(fuzz, 100, seed)
-        assert answered > 200
+        answered = anyio.run(fuzz, 150, 0)
+        assert answered > 300
         assert time.perf_counter() - t0 < 60  # bounded: every hang is cut at 0.05 s
     finally:
         RELEASE.set()

@@ -145,6 +145,7 @@ def test_unknown_tool_message_is_capped():
     tools = {f"tool_{i:05d}": tool(add, name=f"tool_{i:05d}") for i in range(2000)}
     [res] = anyio.run(dispatch, [ToolCall("x" * 100_000, {})], tools)
     assert res.record.kind == "unknown_tool" and len(res.message["content"]) < 4200
+    assert len(res.message["name"]) <= 200 and len(res.record.tool) <= 200
 
 
 class EvilStr(str):
@@ -229,6 +230,7 @@ def test_hostile_results_and_base_exceptions_become_tool_messages(kind, is_async
         assert kind in m["content"]
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="telling a tool's own CancelledError from a real one needs Task.cancelling()")
 def test_an_async_tool_that_raises_cancelled_error_still_answers():
     async def flaky(x: int) -> str:
         """Its own inner work was cancelled.
