@@ -297,6 +297,8 @@ class ToolEnvironment(Environment):
         new_messages: list[Message] = []
         records: list[ToolRecord] = []
         calls = message.get("tool_calls") or []
+        if not isinstance(calls, list | tuple):  # a malformed entry is one bad call, answered as such
+            calls = [calls]
         if calls:
             tool_map = {t.tool_name: t for t in self.tools}
             injected = {"state": ep["state"], "task": ep["task"], "env": self}

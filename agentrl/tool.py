@@ -19,6 +19,8 @@ import pydantic
 from transformers.utils import get_json_schema
 from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
+from agentrl.tool_threads import ThreadBudget
+
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_MAX_OUTPUT_CHARS = 4000
 DEFAULT_MAX_CONCURRENCY = 32
@@ -39,9 +41,10 @@ class Tool:
     named in ``injected`` are hidden from the model's schema and filled by the environment from
     episode state at dispatch time (for example ``state`` or ``task``).
 
-    Limits: ``timeout`` seconds per call, ``max_output_chars`` characters of output (longer output
-    is cut with a visible marker), ``max_concurrency`` calls of this tool in flight at once across
-    all episodes sharing the instance.
+    Limits: ``timeout`` seconds per call (waiting for a free slot included), ``max_output_chars``
+    characters of output or error text (longer text is cut with a visible marker),
+    ``max_concurrency`` calls of this tool in flight at once across all episodes sharing the
+    instance; for a sync tool, threads alive at once, a hung call keeping its thread until it ends.
     """
 
     name: str = ""
@@ -93,13 +96,22 @@ class Tool:
         return {name: getattr(model, name) for name in type(model).model_fields}
 
     def limiter(self) -> anyio.CapacityLimiter:
-        """The concurrency limiter of this tool for the running event loop."""
+        """The concurrency limiter of this async tool for the running event loop."""
         with _LIMITER_LOCK:
             limiters = self.__dict__.setdefault("_limiters", {})
             key = _loop_key()
             if key not in limiters:
                 limiters[key] = anyio.CapacityLimiter(self.max_concurrency)
             return limiters[key]
+
+    def thread_budget(self) -> ThreadBudget:
+        """The threads this sync tool may keep alive at once (``max_concurrency``, hung ones included),
+        shared by every event loop: a hung tool holds its own slots, never another tool's."""
+        with _LIMITER_LOCK:
+            budget = self.__dict__.get("_thread_budget")
+            if budget is None:
+                budget = self.__dict__["_thread_budget"] = ThreadBudget(self.max_concurrency)
+            return budget
 
     def __repr__(self) -> str:
         return f"<Tool {self._tool_name()}>"

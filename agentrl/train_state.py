@@ -8,12 +8,11 @@ the epoch are enough to draw the same tasks again. ``checkpoint.py`` does the at
 from __future__ import annotations
 
 import random
-import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentrl.checkpoint import checkpoint_dir, load_checkpoint, resolve_resume, save_checkpoint
+from agentrl.checkpoint import checkpoint_dir, load_checkpoint, prune_checkpoints, resolve_resume, save_checkpoint
 
 
 @dataclass
@@ -55,10 +54,7 @@ def save_run(run_dir: Path, state: TrainState, policy_kind: str, model: Any, tok
     """Checkpoint the run at its current step, keeping the newest ``keep`` checkpoints."""
     path = checkpoint_dir(run_dir, state.step)
     save_checkpoint(path, model, tokenizer, optimizer, scheduler, state.to_dict(policy_kind))
-    if keep:
-        done = sorted(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-") and not p.name.endswith(".tmp"))
-        for old in done[:-keep]:
-            shutil.rmtree(old)
+    prune_checkpoints(run_dir, keep)  # this run's own checkpoints, by step number (never another run's)
     return path
 
 

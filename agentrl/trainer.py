@@ -31,6 +31,7 @@ import anyio
 import torch
 
 from agentrl.batch import Batch, build_batch
+from agentrl.checkpoint import open_run
 from agentrl.config import ConfigError, build, parse_overrides, require_backend
 from agentrl.curve import write_reward_curve
 from agentrl.env import Environment
@@ -75,7 +76,7 @@ class Trainer:
         require_backend(cfg.generator)
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        open_run(self.run_dir, cfg.resume)  # refuses another run's folder; on resume, cuts logs back
         (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
 
         cuda = torch.cuda.is_available()

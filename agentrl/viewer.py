@@ -36,6 +36,7 @@ class ViewError(ValueError):
 class Episode:
     traj: Trajectory
     step: int | None = None  # the training step of a samples.jsonl record
+    problems: list[str] = field(default_factory=list)  # fields of the record that were not what they should be
 
 
 @dataclass
@@ -80,22 +81,136 @@ def read_episodes(path: Path) -> list[Episode]:
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ViewError(f"{path}:{n}: not JSON ({exc.msg})") from None
+            except RecursionError:
+                raise ViewError(f"{path}:{n}: nested too deeply to read") from None
             if not isinstance(data, dict) or "samples" not in data or "turns" not in data:
                 raise ViewError(
                     f"{path}:{n}: not a trajectory record (no 'samples' and 'turns'); "
                     "samples.jsonl files written before agentrl view existed hold only text"
                 )
-            step = data.pop("step", None)
             data.pop("text", None)
+            problems: list[str] = []
             try:
-                traj = Trajectory.from_dict(data)
-            except TypeError as exc:
+                step = _whole(data.pop("step", None), "step", problems, None)
+                traj = Trajectory.from_dict(sanitise(data, problems))
+            except (TypeError, ValueError) as exc:
                 raise ViewError(f"{path}:{n}: not a trajectory record ({exc})") from None
-            episodes.append(Episode(traj, step))
+            episodes.append(Episode(traj, step, problems))
     if not episodes:
         raise ViewError(f"{path}: no episodes in it")
-    episodes.sort(key=lambda e: (e.step or 0, e.traj.group, e.traj.index))
+    episodes.sort(key=lambda e: (e.step or 0, _order(e.traj.group), _order(e.traj.index)))
     return episodes
+
+
+def sanitise(data: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """A trajectory record with every field the page computes with of the right type.
+
+    A hand-edited or foreign results file may hold a string reward, a list as a seed or a tool call
+    that is not an object; such values are coerced (numbers that are not numbers become NaN, ids
+    become text) and named in ``problems``, which the page shows on the episode. Token ids that are
+    not integers cannot be shown at all: ValueError. Everything textual is escaped by the page.
+    """
+    out = dict(data)
+    out["task"] = data["task"] if isinstance(data.get("task"), dict) else {"task": data.get("task")}
+    for key in ("seed", "group", "index"):
+        value = data.get(key, 0 if key != "seed" else None)
+        if not (value is None or type(value) is int):
+            problems.append(f"{key} is not an integer ({_short(value)})")
+            value = _short(value)
+        out[key] = value
+    out["reward"] = _real(data.get("reward", 0.0), "reward", problems)
+    out["duration_s"] = _real(data.get("duration_s", 0.0), "duration_s", problems)
+    rewards = data.get("rewards") if isinstance(data.get("rewards"), dict) else {}
+    out["rewards"] = {str(k): None if v is None else _real(v, f"reward {k}", problems) for k, v in rewards.items()}
+    out["finish_reason"] = _text(data.get("finish_reason", ""))
+    out["error"] = None if data.get("error") is None else _text(data["error"])
+    out["truncated"] = bool(data.get("truncated", False))
+    out["splits"] = _whole(data.get("splits", 0), "splits", problems, 0)
+    out["messages"] = _dicts(data.get("messages"))
+    out["samples"] = [_sample(s) for s in _dicts(data.get("samples"))]
+    out["turns"] = [_turn(t, i, problems) for i, t in enumerate(_dicts(data.get("turns")))]
+    return out
+
+
+def _sample(s: dict[str, Any]) -> dict[str, Any]:
+    out = dict(s)
+    for key in ("prompt_ids", "completion_ids", "loss_mask"):
+        value = s.get(key, [])
+        if not isinstance(value, list) or not all(type(v) is int for v in value):
+            raise ValueError(f"sample {key} is not a list of integers")
+        out[key] = value
+    for key in ("logprobs", "trainer_logprobs"):
+        value = s.get(key, [] if key == "logprobs" else None)
+        if value is None and key == "trainer_logprobs":
+            continue
+        if not isinstance(value, list) or not all(type(v) in (int, float) for v in value):
+            raise ValueError(f"sample {key} is not a list of numbers")
+        out[key] = [float(v) for v in value]
+    return out
+
+
+def _turn(t: dict[str, Any], i: int, problems: list[str]) -> dict[str, Any]:
+    out = dict(t)
+    out["index"] = _whole(t.get("index", i), f"turn {i + 1} index", problems, i)
+    for key in ("num_sampled", "num_env_tokens"):
+        out[key] = max(0, _whole(t.get(key, 0), f"turn {i + 1} {key}", problems, 0))
+    for key in ("reward", "generation_s", "env_s"):
+        out[key] = _real(t.get(key, 0.0), f"turn {i + 1} {key}", problems)
+    out["finish_reason"] = _text(t.get("finish_reason", ""))
+    out["bridge"] = _text(t.get("bridge", ""))
+    message = dict(t["message"]) if isinstance(t.get("message"), dict) else {}
+    calls = message.get("tool_calls")
+    if calls is not None:
+        message["tool_calls"] = [_with_text_id(c, "id") for c in _dicts(calls)]
+    out["message"] = message
+    out["env_messages"] = [_with_text_id(m, "tool_call_id") for m in _dicts(t.get("env_messages"))]
+    out["tool_records"] = [_texts(_with_text_id(r, "call_id"), ("kind", "tool", "detail")) for r in _dicts(t.get("tool_records"))]
+    out["parse_issues"] = [_texts(i, ("kind", "detail")) for i in _dicts(t.get("parse_issues"))]
+    return out
+
+
+def _dicts(value: Any) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _with_text_id(d: dict[str, Any], key: str) -> dict[str, Any]:
+    """Ids join calls to their results (dict keys): anything but text or None becomes text."""
+    if d.get(key) is None or isinstance(d.get(key), str):
+        return d
+    return {**d, key: _short(d[key])}
+
+
+def _texts(d: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """Fields the page counts or prints as labels, as text."""
+    return {**d, **{k: _text(d[k]) for k in keys if k in d and not isinstance(d[k], str)}}
+
+
+def _real(value: Any, name: str, problems: list[str]) -> float:
+    if type(value) in (int, float, bool):
+        return float(value)
+    problems.append(f"{name} is not a number ({_short(value)})")
+    return math.nan
+
+
+def _whole(value: Any, name: str, problems: list[str], default: Any) -> Any:
+    if value is None or type(value) is int:
+        return default if value is None else value
+    problems.append(f"{name} is not an integer ({_short(value)})")
+    return default
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else _short(value)
+
+
+def _short(value: Any, n: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    """Sort key that puts integers first and never compares an integer with text."""
+    return (0, value) if type(value) is int else (1, str(value))
 
 
 def tokenizer_candidates(jsonl: Path) -> list[str]:
@@ -279,7 +394,7 @@ def summary(episodes: list[Episode]) -> list[tuple[str, str]]:
     """Rows of the table at the top of the page."""
     trajs = [e.traj for e in episodes]
     ok = [t for t in trajs if t.ok]
-    rewards = [t.reward for t in ok]
+    rewards = [t.reward for t in ok if math.isfinite(t.reward)]
     groups = {(e.step, e.traj.group) for e in episodes}
     records = [r for t in trajs for turn in t.turns for r in turn.tool_records]
     kinds = Counter(r.kind for r in records)
@@ -294,7 +409,7 @@ def summary(episodes: list[Episode]) -> list[tuple[str, str]]:
         positive = sum(r > 0 for r in rewards)
         rows.append(("reward", f"mean {statistics.fmean(rewards):.3f} ± {std:.3f}, min {min(rewards):g}, max {max(rewards):g}; {positive} of {len(rewards)} > 0"))
     for name in sorted({k for t in ok for k in t.rewards}):
-        values = [t.rewards[name] for t in ok if t.rewards.get(name) is not None]
+        values = [v for t in ok if (v := t.rewards.get(name)) is not None and math.isfinite(v)]
         if values:
             rows.append((f"reward: {name}", f"mean {statistics.fmean(values):.3f} over {len(values)} episodes"))
     rows.append(("finish", ", ".join(f"{k} {v}" for k, v in finish.most_common())))

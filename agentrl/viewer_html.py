@@ -190,7 +190,7 @@ def _episode(e: Episode, decoder: Decoder, open_: bool) -> str:
     t = e.traj
     fl = flags(t)
     reward_cls = "pos" if t.reward > 0 else "zero"
-    parts = [f"#{t.index}", f"<span class='r {reward_cls}'>reward {t.reward:g}</span>"]
+    parts = [f"#{escape(str(t.index))}", f"<span class='r {reward_cls}'>reward {t.reward:g}</span>"]
     comps = ", ".join(f"{k}={v:g}" if v is not None else f"{k}=n/a" for k, v in t.rewards.items())
     if comps:
         parts.append(f"<span class='muted'>({escape(comps)})</span>")
@@ -200,6 +200,8 @@ def _episode(e: Episode, decoder: Decoder, open_: bool) -> str:
     badges = []
     if t.error:
         badges.append("<span class='b error'>episode failed</span>")
+    if e.problems:
+        badges.append(f"<span class='b error' title='{escape('; '.join(e.problems))}'>bad record: {escape(_clip('; '.join(e.problems), 200))}</span>")
     if bad:
         cls = "toolfail" if set(bad) & FAILURES else ""
         badges.append(f"<span class='b {cls}'>tools: {escape(', '.join(bad))}</span>")
@@ -212,13 +214,13 @@ def _episode(e: Episode, decoder: Decoder, open_: bool) -> str:
     d = deltas(t)
     if d:
         badges.append(f"<span class='b'>max |Δ| {max(abs(x) for x in d):.1e}</span>")
-    attrs = f"class='episode' data-reward='{t.reward!r}' data-flags='{' '.join(fl)}'" + (" open" if open_ else "")
+    attrs = f"class='episode' data-reward='{escape(repr(t.reward))}' data-flags='{escape(' '.join(fl))}'" + (" open" if open_ else "")
     head = f"<summary>{' '.join(parts)}{''.join(badges)}</summary>"
     return f"<details {attrs}>{head}<div class='body'>{_episode_body(t, decoder)}</div></details>"
 
 
 def _episode_body(t: Trajectory, decoder: Decoder) -> str:
-    out = [f"<div class='muted'>task {escape(_clip(json.dumps(t.task, default=str, ensure_ascii=False), 600))} · seed {t.seed} · {t.duration_s:.2f} s</div>"]
+    out = [f"<div class='muted'>task {escape(_clip(json.dumps(t.task, default=str, ensure_ascii=False), 600))} · seed {escape(str(t.seed))} · {t.duration_s:.2f} s</div>"]
     views, problem = align(t)
     if problem:
         out.append(f"<div class='marker warn'>the turn records do not match the token mask, so tokens are grouped by the mask alone: {escape(problem)}</div>")
@@ -292,7 +294,7 @@ def _calls(turn: Turn) -> str:
     rows = ["<table class='calls'><tr><th>tool</th><th>arguments</th><th>outcome</th><th>latency</th><th>result</th></tr>"]
     seen = set()
     for call in calls:
-        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        fn = call["function"] if isinstance(call, dict) and isinstance(call.get("function"), dict) else {}
         rec = records.get(call.get("id"), {})
         seen.add(call.get("id"))
         rows.append(_call_row(str(fn.get("name", "?")), fn.get("arguments"), rec, replies.get(call.get("id"), rec.get("detail", ""))))
@@ -304,7 +306,7 @@ def _calls(turn: Turn) -> str:
 
 
 def _call_row(name: str, arguments: Any, rec: dict[str, Any], result: Any) -> str:
-    args = arguments if isinstance(arguments, str) else "–" if arguments is None else json.dumps(arguments, ensure_ascii=False, default=str)
+    args = arguments if isinstance(arguments, str) else "–" if arguments is None else _json(arguments)
     kind = str(rec.get("kind", "not run"))
     latency = f"{rec['latency_s'] * 1000:.1f} ms" if isinstance(rec.get("latency_s"), int | float) else "–"
     cls = " class='fail'" if kind in FAILURES else ""
@@ -312,6 +314,13 @@ def _call_row(name: str, arguments: Any, rec: dict[str, Any], result: Any) -> st
         f"<tr><td>{escape(name)}</td><td><pre>{escape(args)}</pre></td><td{cls}>{escape(kind)}</td>"
         f"<td>{latency}</td><td><pre>{escape(_clip(str(result or ''), 2000))}</pre></td></tr>"
     )
+
+
+def _json(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):  # circular or too deep to show
+        return str(type(value).__name__)
 
 
 def _p(logprob: float) -> str:

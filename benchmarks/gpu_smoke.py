@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def run(name: str, model_dir: Path, steps: int, extra: list[str]) -> dict:
     args = [
         f"model.path={model_dir}", f"max_steps={steps}", "precision=bf16", "prompts_per_step=8", "num_generations=8",
         "micro_batch_size=16", "rollout.max_tokens_per_turn=128", "rollout.max_completion_tokens=128",
-        "learning_rate=1e-5", f"output_dir=/tmp/smoke-{name}", "samples_per_log=0",
+        "learning_rate=1e-5", f"output_dir={tempfile.mkdtemp(prefix=f'smoke-{name}-')}", "samples_per_log=0",
         'extra_rewards=[{"fn": "benchmarks/gpu_smoke.py:digits", "weight": 1.0}]', *extra,
     ]
     torch.cuda.reset_peak_memory_stats()

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["agentrl.strict", "agentrl.loading", "agentrl.models", "agentrl.bundled", "agentrl.logprobs",
                     "agentrl.losses", "agentrl.checkpoint", "agentrl.optim_offload", "agentrl.plot", "agentrl.config_help",
                     "agentrl.reference"]),
-    ("tools and chat formats", ["agentrl.tool", "agentrl.dispatch", "agentrl.chat"]),
+    ("tools and chat formats", ["agentrl.tool", "agentrl.tool_threads", "agentrl.dispatch", "agentrl.chat"]),
     ("environments", ["agentrl.trajectory", "agentrl.env", "agentrl.sync", "agentrl.registry", "agentrl.check", "agentrl.tools", "agentrl.environments"]),
     ("generators", ["agentrl.generators"]),
     ("rollout", ["agentrl.rollout", "agentrl.evaluation", "agentrl.observe"]),

@@ -26,6 +26,7 @@ import contextlib
 import http.client
 import json
 import logging
+import os
 import queue
 import socket
 import threading
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from agentrl.generators.base import Generation, SamplingParams
+from agentrl.generators.http_guard import TOKEN_ENV
 
 if TYPE_CHECKING:
     from agentrl.generators.weights import WeightUpdate
@@ -107,6 +109,7 @@ class VLLMServerGenerator:
     ``request_timeout_s``: how long one request may wait for its answer (a long generation under
     load can take minutes on CPU). ``max_connections``: requests in flight at once; keep it at
     least the rollout's concurrent episodes so the server's engine sees them all and batches them.
+    ``token``: the server's bearer token (default: the ``AGENTRL_VLLM_TOKEN`` environment variable).
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class VLLMServerGenerator:
         max_connections: int = 256,
         backoff_s: float = 0.1,
         max_backoff_s: float = 2.0,
+        token: str | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
         if parsed.scheme != "http" or not parsed.hostname:
@@ -129,6 +133,7 @@ class VLLMServerGenerator:
         self.timeout_s = timeout_s
         self.request_timeout_s = request_timeout_s
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self._token = token or os.environ.get(TOKEN_ENV) or None
         self._limiter = anyio.CapacityLimiter(max_connections)
         self._pool: queue.SimpleQueue[tuple[http.client.HTTPConnection, float]] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -181,6 +186,12 @@ class VLLMServerGenerator:
             seen[key] = name
             tensors[name] = t.to(device="cpu", dtype=dtype or t.dtype).contiguous()  # a copy only where needed
         payload = save(tensors)
+        limit = self.server_info.get("max_push_bytes")  # from the /health call that gave the dtype
+        if isinstance(limit, int) and len(payload) > limit:
+            raise ValueError(
+                f"weight push of {len(payload)} bytes is over the limit of {limit} bytes of the vLLM server at "
+                f"{self.url}; start it with a larger max_push_mb"
+            )
         resp = self._request("POST", "/update_weights?transport=safetensors", payload, content_type="application/octet-stream", expect=False)
         data = resp.json()
         with self._lock:
@@ -248,6 +259,8 @@ class VLLMServerGenerator:
         attempt = 0
         while True:
             headers = {"Content-Type": content_type}
+            if self._token:
+                headers["Authorization"] = f"Bearer {self._token}"
             with self._lock:
                 if expect and self._weights_instance is not None:
                     headers[EXPECT_HEADER] = self._weights_instance
@@ -307,6 +320,11 @@ class VLLMServerGenerator:
                 f"the vLLM server at {self.url} restarted (now instance {resp.instance}) and lost the weights this "
                 "client pushed to its previous instance; it would generate with its startup weights. Call "
                 "update_weights again before generating."
+            )
+        if resp.status == 401:
+            raise VLLMServerError(
+                f"the vLLM server at {self.url} refused {method} {path}: {resp.detail()}. Give the server's token "
+                f"as token= or in the {TOKEN_ENV} environment variable"
             )
         if resp.status in (400, 404, 413, 422):
             raise ValueError(f"vLLM server at {self.url} rejected {method} {path}: {resp.detail()}")

@@ -10,7 +10,8 @@ Endpoints (JSON unless noted; every response carries ``X-Agentrl-Instance``, an 
 start, so a client can tell a restarted server from the one it pushed weights to):
 
 * ``GET /health``: ``status``, ``instance``, ``model``, ``dtype``, ``max_model_len``,
-  ``vocab_size``, ``weights_version``, ``weight_transports``, ``running`` (requests in flight).
+  ``vocab_size``, ``weights_version``, ``weight_transports``, ``running`` (requests in flight),
+  ``max_push_bytes``. The only endpoint that needs no token.
 * ``POST /generate`` ``{"prompt_ids": [...], "sampling": {temperature, top_p, top_k, min_p,
   max_tokens, stop_token_ids, seed}}`` → ``{"token_ids", "logprobs", "finish_reason",
   "weights_version"}``. A request carrying ``X-Agentrl-Expect-Instance`` that names another
@@ -20,6 +21,12 @@ start, so a client can tell a restarted server from the one it pushed weights to
   loads the tensors in place (vLLM's layer-wise ``reload_weights`` in the worker), re-packs a
   tied output layer, resets the prefix cache, bumps ``weights_version``.
 * ``POST /reset_prefix_cache``.
+
+Access (``http_guard.RequestGuard``, in front of everything): with a token (``token=`` or the
+``AGENTRL_VLLM_TOKEN`` environment variable) every other endpoint needs ``Authorization: Bearer
+<token>`` (401 otherwise); binding anything but a loopback address without a token is refused at
+start. Bodies over ``max_body_mb`` (``max_push_mb`` for ``/update_weights``) get 413 before they
+are read, and a push streams to a scratch file rather than into memory.
 
 On GPU the weights should not go through HTTP: ``transport`` is the extension point for an NCCL
 path (vLLM's weight-transfer engine: an NCCL group between trainer and workers, the trainer
@@ -33,6 +40,7 @@ Run: ``agentrl vllm-serve model=<folder|default> port=8000 dtype=float32``.
 # the request types are defined inside create_app (fastapi exists only where vLLM is installed).
 import asyncio
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -45,6 +53,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from agentrl.config import Strict, build, parse_overrides
+from agentrl.generators.http_guard import TOKEN_ENV, RequestGuard, is_loopback
 
 __all__ = ["ServeConfig", "WeightReloadExtension", "create_app", "main"]
 
@@ -52,9 +61,11 @@ INSTANCE_HEADER = "X-Agentrl-Instance"
 EXPECT_HEADER = "X-Agentrl-Expect-Instance"
 TRANSPORTS = ("safetensors",)
 
-USAGE = """usage: agentrl vllm-serve model=<folder|default> [host=127.0.0.1] [port=8000] [dtype=auto]
+USAGE = f"""usage: agentrl vllm-serve model=<folder|default> [host=127.0.0.1] [port=8000] [dtype=auto]
        [max_model_len=N] [max_num_seqs=256] [gpu_memory_utilization=0.9] [enforce_eager=auto]
-       [seed=0] [log_level=warning]"""
+       [seed=0] [log_level=warning] [token=SECRET] [max_body_mb=16] [max_push_mb=auto]
+A token (token= or {TOKEN_ENV}, which keeps it out of the process list) is required for any host
+other than a loopback address."""
 
 
 class ServeConfig(Strict):
@@ -68,6 +79,12 @@ class ServeConfig(Strict):
     enforce_eager: bool | None = Field(None, description="None: eager on CPU (compiling costs ~30 s, gains little), CUDA graphs on GPU")
     seed: int = 0
     log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    token: str | None = Field(None, min_length=1, description=f"bearer token clients must send (default: ${TOKEN_ENV}); required off loopback")
+    max_body_mb: float = Field(16.0, gt=0, description="largest request body of the JSON endpoints")
+    max_push_mb: float | None = Field(None, gt=0, description="largest /update_weights body; None: 4 bytes per model parameter + 64 MB")
+
+    def resolved_token(self) -> str | None:
+        return self.token or os.environ.get(TOKEN_ENV) or None
 
 
 class WeightReloadExtension:
@@ -160,21 +177,25 @@ class _Gate:
                 self._cond.notify_all()
 
 
-def _safetensors_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
+def _safetensors_file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """Names and shapes from a safetensors file's header, checking that the data it declares is there.
 
-    Reads only the JSON header (no tensor copies: a push can be gigabytes); ValueError if malformed.
+    Reads only the 8-byte length and the JSON header (a push can be gigabytes); ValueError if malformed.
     """
     import json
     import struct
 
-    if len(data) < 8:
-        raise ValueError(f"{len(data)} bytes")
-    (size,) = struct.unpack("<Q", data[:8])
-    if size > len(data) - 8:
-        raise ValueError(f"header of {size} bytes in a body of {len(data)}")
+    total = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"{total} bytes")
+        (size,) = struct.unpack("<Q", prefix)
+        if size > total - 8:
+            raise ValueError(f"header of {size} bytes in a body of {total}")
+        raw = f.read(size)
     try:
-        header = json.loads(data[8 : 8 + size])
+        header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"unreadable header ({exc})") from None
     if not isinstance(header, dict):
@@ -187,21 +208,36 @@ def _safetensors_shapes(data: bytes) -> dict[str, tuple[int, ...]]:
             end = max(end, int(entry["data_offsets"][1]))
         except (KeyError, TypeError, ValueError, IndexError):
             raise ValueError(f"bad header entry for {name!r}") from None
-    if 8 + size + end != len(data):
-        raise ValueError(f"header declares {end} data bytes, body holds {len(data) - 8 - size}")
+    if 8 + size + end != total:
+        raise ValueError(f"header declares {end} data bytes, body holds {total - 8 - size}")
     return shapes
+
+
+def push_limit(cfg: ServeConfig, expected: dict[str, tuple[int, ...]]) -> int:
+    """Most bytes a weight push may carry: ``max_push_mb``, else room for the model in float32."""
+    if cfg.max_push_mb is not None:
+        return int(cfg.max_push_mb * 2**20)
+    if not expected:  # not a local folder: the size is unknown until the engine loads it
+        return 64 * 2**30
+    params = sum(math.prod(shape) for shape in expected.values())
+    return 4 * params + 64 * 2**20 + 1000 * len(expected)  # float32 data + header room
 
 
 def create_app(cfg: ServeConfig) -> Any:
     """The FastAPI app; the engine starts in its lifespan, before the port accepts connections."""
     from fastapi import FastAPI, HTTPException, Request
     from pydantic import BaseModel
+    from starlette.requests import ClientDisconnect
 
     from agentrl.generators.base import SamplingParams
-    from agentrl.generators.vllm_common import checkpoint_shapes, engine_kwargs, shape_problems, to_generation, to_vllm_sampling
     from agentrl.models import resolve_model
 
     model_path = resolve_model(cfg.model)
+    from agentrl.generators.vllm_common import checkpoint_shapes, shape_problems
+
+    expected_shapes = checkpoint_shapes(model_path) or {}
+    max_push = push_limit(cfg, expected_shapes)
+    max_body = int(cfg.max_body_mb * 2**20)
     instance = uuid.uuid4().hex[:12]
     state: dict[str, Any] = {"weights_version": 0, "engine": None}
     gate = _Gate()
@@ -216,6 +252,8 @@ def create_app(cfg: ServeConfig) -> Any:
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        from agentrl.generators.vllm_common import engine_kwargs
 
         cuda = torch.cuda.is_available()
         dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if cuda else "float32")  # what a trainer computes in
@@ -236,7 +274,7 @@ def create_app(cfg: ServeConfig) -> Any:
             vocab_size=mc.get_vocab_size(),
             dtype=str(mc.dtype).removeprefix("torch."),
             tied=bool(getattr(mc.hf_config, "tie_word_embeddings", False)),
-            expected=checkpoint_shapes(model_path) or {},
+            expected=expected_shapes,
         )
         print(f"agentrl vllm-serve: {model_path} ready on http://{cfg.host}:{cfg.port} (instance {instance})", flush=True)
         try:
@@ -250,6 +288,8 @@ def create_app(cfg: ServeConfig) -> Any:
     app = FastAPI(title="agentrl vllm-serve", lifespan=lifespan)
 
     app.add_middleware(_InstanceStamp, instance=instance)
+    # added last, so outermost: nothing runs and no body byte is read before the token and size checks
+    app.add_middleware(RequestGuard, token=cfg.resolved_token(), limit_for=lambda path: max_push if path == "/update_weights" else max_body)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -260,6 +300,7 @@ def create_app(cfg: ServeConfig) -> Any:
             "status": "ok", "instance": instance, "model": model_path, "dtype": state["dtype"],
             "max_model_len": state["max_model_len"], "vocab_size": state["vocab_size"],
             "weights_version": state["weights_version"], "weight_transports": list(TRANSPORTS), "running": gate.running,
+            "max_push_bytes": max_push,
         }
 
     @app.post("/generate")
@@ -279,6 +320,8 @@ def create_app(cfg: ServeConfig) -> Any:
             raise HTTPException(400, f"prompt has {len(prompt)} tokens; max_model_len={state['max_model_len']} leaves no room")
         from vllm.inputs import TokensPrompt
 
+        from agentrl.generators.vllm_common import to_generation, to_vllm_sampling
+
         params = to_vllm_sampling(sampling, max_tokens=min(sampling.max_tokens, room))
         async with gate.read():
             version = state["weights_version"]
@@ -297,19 +340,22 @@ def create_app(cfg: ServeConfig) -> Any:
                 400, f"weight transport {transport!r} is not available; this server implements {list(TRANSPORTS)} "
                 "(NCCL is not implemented yet, see docs/vllm_server.md)",
             )
-        body = await request.body()
-        try:
-            shapes = _safetensors_shapes(body)
-        except ValueError as exc:
-            raise HTTPException(400, f"body is not a safetensors file: {exc}") from None
-        problem = shape_problems(shapes, state["expected"], state["tied"], full=True)
-        if problem:
-            raise HTTPException(400, f"weights do not match the served model {model_path}: {problem}")
         path = scratch / f"push-{uuid.uuid4().hex}.safetensors"
-        path.write_bytes(body)
-        del body
-        start = time.perf_counter()
         try:
+            try:
+                with open(path, "wb") as f:  # straight to the scratch file: a push can be gigabytes
+                    async for chunk in request.stream():
+                        f.write(chunk)
+            except ClientDisconnect:  # gone, or cut off by the size limit (which has answered 413)
+                raise HTTPException(499, "client disconnected during the push") from None
+            try:
+                shapes = _safetensors_file_shapes(path)
+            except ValueError as exc:
+                raise HTTPException(400, f"body is not a safetensors file: {exc}") from None
+            problem = shape_problems(shapes, expected_shapes, state.get("tied", False), full=True)
+            if problem:
+                raise HTTPException(400, f"weights do not match the served model {model_path}: {problem}")
+            start = time.perf_counter()
             async with gate.write():
                 await state["engine"].collective_rpc("agentrl_reload_file", args=(str(path),))
                 await state["engine"].reset_prefix_cache()
@@ -356,6 +402,14 @@ def main(args: list[str]) -> int:
     path = resolve_model(cfg.model)
     if not os.path.isdir(path) and (path.startswith((".", "/", "~")) or path.count("/") != 1):  # not a hub id either
         raise FileNotFoundError(f"model folder {path} does not exist")
+    if not is_loopback(cfg.host) and not cfg.resolved_token():
+        print(
+            f"agentrl vllm-serve: host={cfg.host} accepts connections from other machines, and anyone who reaches "
+            f"the port could replace the model's weights; set a token (token=... or {TOKEN_ENV}; clients send it "
+            "from the same variable) or bind host=127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
     from agentrl.generators.vllm_common import VLLMNotInstalledError, cpu_env_defaults, require_vllm
 
     try:
