@@ -37,11 +37,11 @@ class GeneratorSettings(Strict):
     # transformers
     max_batch_size: int = Field(256, ge=1, description="transformers: requests decoded together")
     gather_window_s: float = Field(0.005, ge=0, description="transformers: how long to gather concurrent requests into one batch")
-    cuda_graphs: bool = Field(
-        False, description="CUDA only, experimental: static KV cache + CUDA-graph decode (4-5x faster decoding; see docs/performance.md)"
+    cuda_graphs: bool | None = Field(
+        None, description="static KV cache + CUDA-graph decode (4-5x faster decoding; docs/performance.md); null: on when the policy is on CUDA and the model supports it (one line says why not)"
     )
-    compile_decode: bool = Field(
-        False, description="with cuda_graphs: torch.compile the one-token decode step before capturing it (fuses small kernels; compiles on first use)"
+    compile_decode: bool | None = Field(
+        None, description="torch.compile the graph-captured one-token decode step (fuses small kernels; ~20 s compile on first use); null: with cuda_graphs"
     )
     # vllm (colocated)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory vLLM may take")
@@ -61,8 +61,8 @@ class GeneratorSettings(Strict):
             "vllm": {"gpu_memory_utilization", "max_model_len", "dtype", "enable_sleep_mode", "enforce_eager"},
             "vllm-server": {"url", "timeout_s", "request_timeout_s"},
         }
-        if self.compile_decode and not self.cuda_graphs:
-            raise ValueError("compile_decode=true needs cuda_graphs=true: the compiled step is the one the graph captures")
+        if self.compile_decode and self.cuda_graphs is False:
+            raise ValueError("compile_decode=true needs cuda_graphs (true or null): the compiled step is the one the graph captures")
         for backend, knobs in owners.items():
             stray = sorted(knobs & self.model_fields_set) if backend != self.backend else []
             if stray:

@@ -99,3 +99,20 @@ def test_sampling_on_cuda_never_draws_zero_probability_tokens():
     for _ in range(128):
         _, logprobs = sample_next(logits, params, [None] * 512)
         assert torch.isfinite(logprobs).all()
+
+
+def test_defaults_decode_through_cuda_graphs_and_the_compiled_step():
+    """With no generator settings, a supported model on CUDA gets the static cache, graphs and the
+    compiled step (issue 13: the fast path is the default), and decodes like the dynamic path."""
+    from agentrl.config import GeneratorSettings
+    from agentrl.generators import build_generator
+
+    m = model()
+    gen = build_generator(GeneratorSettings(), model=m, model_path="unused", pad_token_id=0)
+    assert gen.static is not None and gen.static._compiled is not None
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    fast = generate(gen, prompts, params)
+    plain = generate(TransformersGenerator(m, 0), prompts, params)
+    assert [g.token_ids for g in fast] == [g.token_ids for g in plain]
+    assert gen.static.stats["graph_replays"] > 0

@@ -393,3 +393,26 @@ def test_run_hosted_falls_back_when_a_worker_thread_serves(gen):
     result = gen.run_hosted(lambda: anyio.run(gen.generate, PROMPTS[1], params))
     assert len(result.token_ids) == 4
     anyio.run(gen.close)
+
+
+def test_cuda_graph_decoding_is_the_default_on_cuda_with_a_named_fallback(capsys):
+    """generator.cuda_graphs=null: on for a supported model on CUDA, off on CPU; an unsupported model
+    decodes eagerly with one line naming why, and an explicit true for it is an error."""
+    import transformers as tf
+
+    from agentrl.generators import _use_cuda_graphs
+
+    full = tf.Qwen2ForCausalLM(tf.Qwen2Config(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                              num_key_value_heads=1, intermediate_size=64))
+    sliding = tf.Qwen2ForCausalLM(tf.Qwen2Config(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                                 num_key_value_heads=1, intermediate_size=64, use_sliding_window=True, sliding_window=16))
+    assert _use_cuda_graphs(None, cuda=False, model=full) is False
+    assert _use_cuda_graphs(True, cuda=False, model=full) is False  # CPU: the eager path, as before
+    assert _use_cuda_graphs(None, cuda=True, model=full) is True
+    assert _use_cuda_graphs(False, cuda=True, model=full) is False
+    assert capsys.readouterr().out == ""
+    assert _use_cuda_graphs(None, cuda=True, model=sliding) is False
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("generator: decoding without CUDA graphs:") and "sliding-window" in line and "\n" not in line
+    with pytest.raises(ValueError, match="cuda_graphs=true: .*sliding-window"):
+        _use_cuda_graphs(True, cuda=True, model=sliding)

@@ -52,12 +52,13 @@ def build_generator(
         if model is None:
             raise ValueError("the transformers backend generates with a loaded model; pass model=")
         cuda = next(model.parameters()).device.type == "cuda"
-        cuda_graphs = settings.cuda_graphs and cuda
+        cuda_graphs = _use_cuda_graphs(settings.cuda_graphs, cuda, model)
+        compile_decode = cuda_graphs and (settings.compile_decode is not False)
         copy = cuda and train_dtype is not None and not hasattr(model, "peft_config")
         return TransformersGenerator(
             model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size,
             gather_window_s=settings.gather_window_s, static_cache=cuda_graphs,
-            compile_decode=settings.compile_decode and cuda_graphs, weights_dtype=train_dtype if copy else None,
+            compile_decode=compile_decode, weights_dtype=train_dtype if copy else None,
         )
     if backend == "vllm":
         import torch
@@ -90,3 +91,19 @@ def build_generator(
 
         return VLLMServerGenerator(settings.url, timeout_s=settings.timeout_s, request_timeout_s=settings.request_timeout_s)
     raise ValueError(f"unknown generator backend {backend!r}; known: transformers, vllm, vllm-server")
+
+
+def _use_cuda_graphs(asked: bool | None, cuda: bool, model: Any) -> bool:
+    """CUDA-graph decoding: on by default on CUDA, off on CPU; an unsupported model falls back to
+    eager decoding with one line naming why (an explicit ``cuda_graphs=true`` fails instead)."""
+    if not cuda or asked is False:
+        return False
+    from agentrl.generators.static_decode import StaticDecoder
+
+    reason = StaticDecoder.unsupported_reason(model)
+    if reason is None:
+        return True
+    if asked:
+        raise ValueError(f"generator.cuda_graphs=true: {reason}")
+    print(f"generator: decoding without CUDA graphs: {reason}", flush=True)
+    return False

@@ -113,15 +113,22 @@ class StaticDecoder:
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
         """True when every layer is full attention and transformers' static layers count positions."""
+        return StaticDecoder.unsupported_reason(model) is None
+
+    @staticmethod
+    def unsupported_reason(model: torch.nn.Module) -> str | None:
+        """Why this model cannot decode over the static cache, or None when it can."""
         try:
             from transformers.cache_utils import StaticLayer
         except ImportError:
-            return False
+            return "this transformers has no StaticLayer"
         config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
         layer_types = getattr(config, "layer_types", None) or ["full_attention"]
         if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
-            return False
-        return hasattr(StaticLayer(max_cache_len=1), "cumulative_length")
+            return f"{type(model).__name__} has sliding-window or mixed attention layers"
+        if not hasattr(StaticLayer(max_cache_len=1), "cumulative_length"):
+            return "this transformers' static cache layers have no cumulative_length"
+        return None
 
     def invalidate(self) -> None:
         """Drop caches and graphs, freeing their memory (weight updates do NOT need this)."""

@@ -193,9 +193,8 @@ class TransformersGenerator:
         self._thread: threading.Thread | None = None
         self._host: threading.Event | None = None  # set while run_hosted serves batches on its caller's thread
         self._closed = False
-        # Static cache + CUDA graphs only when asked for (see static_decode.py and
-        # docs/performance.md: an earlier training run with it turned non-finite, which has not been
-        # reproduced since and whose cause is not established); otherwise the dynamic cache.
+        # Static cache + CUDA graphs when asked for (build_generator asks by default on CUDA; see
+        # static_decode.py and docs/performance.md); otherwise the dynamic cache.
         from agentrl.generators.static_decode import StaticDecoder
 
         want_static = bool(static_cache)
