@@ -66,7 +66,7 @@ CASES = [
     ("output_dir under a file", "train output_dir={tmp}/a_file/run", "is a file, not a folder"),
     ("eval output is a file", "eval output={tmp}/a_file", "exists and is not a folder"),
     ("resume=latest without output_dir", "train resume=latest", "resume=latest needs output_dir"),
-    ("resume=latest, no checkpoint", "train resume=latest output_dir={tmp}/empty_run", "no checkpoint under"),
+    ("resume=latest, no checkpoint", "train resume=latest output_dir={tmp}/empty_run", "no checkpoint of this run under"),
     ("resume from a missing folder", "train resume={tmp}/no_run", "holds no checkpoints"),
     ("missing model path", "train model={tmp}/no_model", "no such folder"),
     ("model path is a file", "eval model={tmp}/a_file", "is a file, not a model folder"),

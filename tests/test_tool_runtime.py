@@ -222,10 +222,10 @@ def test_hostile_results_and_base_exceptions_become_tool_messages(kind, is_async
     [m] = messages
     assert type(m["content"]) is str and len(m["content"]) <= 400 and m["tool_call_id"] == "c1"
     if kind == "evil_str":  # its text is read without calling its methods, then cut to the cap
-        assert m["content"].startswith("yyy") and info["tool_records"][0]["kind"] == "oversized"
+        assert m["content"].startswith("yyy") and info["tool_records"][0].kind == "oversized"
         return
     assert m["content"].startswith("Error")
-    assert info["tool_records"][0]["kind"] in ("error", "bad_output")
+    assert info["tool_records"][0].kind in ("error", "bad_output")
     if kind in ("SystemExit", "KeyboardInterrupt", "GeneratorExit"):
         assert kind in m["content"]
 
