@@ -20,6 +20,8 @@ Message = dict[str, Any]
 # Tokens that end a document rather than a turn; a model may stop on them, so generation does.
 _DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>")
 _PROBE_REPLY = "agentrl probe reply"
+# Outputs longer than this (characters) are parsed off the event loop by ``ChatFormat.aparse``.
+OFFLOAD_CHARS = 32_768
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,29 @@ class ChatFormat:
         ``tools`` (the schemas the prompt showed) lets families that write arguments as untyped
         text (Qwen3.5-style XML parameters) restore argument types; JSON families ignore it.
         """
+        text, framing = self._decode_turn(token_ids)
+        if isinstance(text, ParsedResponse):
+            return text
+        return self._parse_text(text, framing, tools)
+
+    async def aparse(self, token_ids: Sequence[int], tools: Sequence[Message] | None = None) -> ParsedResponse:
+        """:meth:`parse` for the rollout loop: a long output is parsed in a worker thread.
+
+        Parsers are linear-time, but a turn of hundreds of kilobytes still takes milliseconds of
+        pure Python, and every episode in flight shares the event loop. Decoding stays here (the
+        Rust tokenizer is fast and not shared with another thread); only the text parse moves.
+        """
+        text, framing = self._decode_turn(token_ids)
+        if isinstance(text, ParsedResponse):
+            return text
+        if len(text) < OFFLOAD_CHARS:
+            return self._parse_text(text, framing, tools)
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self._parse_text, text, framing, tools)
+
+    def _decode_turn(self, token_ids: Sequence[int]) -> tuple[str | ParsedResponse, list[ParseIssue]]:
+        """The turn's text with the end of turn cut off, and framing issues (or the failed result)."""
         ids = list(token_ids)
         stop = set(self._stop_ids)
         cut = next((i for i, t in enumerate(ids) if t in stop), None)
@@ -158,13 +183,15 @@ class ChatFormat:
                 framing.append(ParseIssue("tokens_after_end_of_turn", f"{len(ids) - cut - 1} ids after it, ignored"))
             ids = ids[:cut]
         try:
-            text = self.decode(ids)
+            return self.decode(ids), framing
         except Exception as exc:  # invalid ids from a broken sampler
-            return ParsedResponse(content="", issues=[*framing, ParseIssue("decode_error", repr(exc))])
+            return ParsedResponse(content="", issues=[*framing, ParseIssue("decode_error", repr(exc)[:300])]), framing
+
+    def _parse_text(self, text: str, framing: list[ParseIssue], tools: Sequence[Message] | None) -> ParsedResponse:
         try:
             result = self.parser.parse_with_tools(text, tools) if tools else self.parser.parse(text)
         except Exception as exc:  # a parser bug must not kill a rollout
-            return ParsedResponse(content=text, issues=[*framing, ParseIssue("parser_error", repr(exc))])
+            return ParsedResponse(content=text, issues=[*framing, ParseIssue("parser_error", repr(exc)[:300])])
         result.issues = result.issues + framing
         return result
 
