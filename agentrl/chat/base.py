@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.chat.guard import ContentGuard
 from agentrl.chat.parsers.base import ResponseParser
 from agentrl.chat.types import ParsedResponse, ParseIssue
 
@@ -62,6 +63,8 @@ class ChatFormat:
         # <|call|>/<|return|>, where <|end|> only closes one message of a turn) name them.
         self._end_tokens = tuple(end_tokens or ())
         self._eot_ids, self._stop_ids = self._find_end_tokens()
+        self._guard = ContentGuard(tokenizer, chat_template)
+        self._prompts: dict[Any, str] = {}  # template kwargs -> generation prompt text
 
     def __repr__(self) -> str:
         return f"ChatFormat(name={self.name!r}, template={self.template_source!r}, eot={self.eot_token_ids})"
@@ -100,8 +103,63 @@ class ChatFormat:
         add_generation_prompt: bool = True,
         **template_kwargs: Any,
     ) -> list[int]:
-        """Token ids of the conversation; equal to ``apply_chat_template(..., tokenize=True)``."""
-        return self.encode(self.render_text(messages, tools, add_generation_prompt, **template_kwargs))
+        """Token ids of the conversation; equal to ``apply_chat_template(..., tokenize=True)``, except
+        that user and tool content is always tokenized as text (see :mod:`agentrl.chat.guard`).
+
+        Without that, a tool result holding the text ``<|im_end|>`` (a web page, a file) is encoded
+        as the control token itself and can close its turn and write a fake one.
+        """
+        guarded, contents = self._guard.mask(messages)
+        text = self.render_text(guarded, tools, add_generation_prompt, **template_kwargs)
+        prompt = self._generation_prompt(template_kwargs)
+
+        def encode(part: str) -> list[int]:
+            return self._encode_cut(part, prompt)
+
+        if not contents:
+            return encode(text)
+        original = lambda: self.render_text(messages, tools, add_generation_prompt, **template_kwargs)  # noqa: E731
+        return self._guard.encode(text, contents, encode, original)
+
+    def _generation_prompt(self, template_kwargs: dict[str, Any]) -> str:
+        """The text ``add_generation_prompt=True`` appends (for these template kwargs), or ''."""
+        try:
+            key = tuple(sorted(template_kwargs.items()))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None and key in self._prompts:
+            return self._prompts[key]
+        probe = [{"role": "user", "content": "agentrl probe question"}]
+        try:
+            with_prompt = self.render_text(probe, add_generation_prompt=True, **template_kwargs)
+            without = self.render_text(probe, add_generation_prompt=False, **template_kwargs)
+            prompt = with_prompt[len(without) :] if with_prompt.startswith(without) else ""
+        except Exception:
+            prompt = ""
+        if key is not None:
+            self._prompts[key] = prompt
+        return prompt
+
+    def _encode_cut(self, text: str, prompt: str) -> list[int]:
+        """Encode ``text``, cutting right after each generation prompt in it.
+
+        The model is prompted with the generation prompt's ids and samples what follows, so a
+        rendered assistant turn must be tokenized the same way: Qwen3.5 prompts with
+        ``<think>\n``, and one tokenization of a turn whose reasoning is empty would merge that
+        newline with the next one into a token the prompt never ends with.
+        """
+        if not prompt or prompt not in text:
+            return self.encode(text)
+        ids: list[int] = []
+        start = 0
+        while True:
+            at = text.find(prompt, start)
+            if at == -1:
+                break
+            ids += self.encode(text[start : at + len(prompt)])
+            start = at + len(prompt)
+        return ids + (self.encode(text[start:]) if start < len(text) else [])
 
     # ---------------------------------------------------------------- end tokens
     @property
