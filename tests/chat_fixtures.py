@@ -7,6 +7,7 @@ and bridge logic is tested through a genuine ``transformers`` tokenizer without 
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -154,14 +155,50 @@ def trl_template(name: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
-def trl_tokenizer_folder(name: str, directory: Path, template: str | None = None) -> Path:
-    """A tokenizer folder as a checkpoint of family ``name`` ships it: its tokenizer, its template."""
-    base, added = TRL_TEMPLATE_TOKENIZER[name]
+def trl_tokenizer(name: str) -> Any:
+    """The tokenizer template ``name`` is tested on, with the family's control tokens added (cached:
+    callers set ``chat_template`` themselves)."""
+    return _paired_tokenizer(*trl_pairing(name))
+
+
+@functools.cache
+def _paired_tokenizer(base: str, added: tuple[str, ...]) -> Any:
     tok = load_asset_tokenizer(base)
     missing = [t for t in added if t not in tok.get_vocab()]
     if missing:
         tok.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+    return tok
+
+
+def trl_tokenizer_folder(name: str, directory: Path, template: str | None = None) -> Path:
+    """A tokenizer folder as a checkpoint of family ``name`` ships it: its tokenizer, its template."""
+    tok = trl_tokenizer(name)
+    before = tok.chat_template
     tok.chat_template = trl_template(name) if template is None else template
-    directory.mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tok.save_pretrained(directory)
+    finally:
+        tok.chat_template = before
     return directory
+
+
+def trl_original_templates() -> list[str]:
+    """Names of TRL's original (not ``*_training``) templates, from the fetched folder."""
+    folder = assets_dir() / "trl_templates"
+    if not folder.exists():
+        pytest.fail(f"TRL chat templates not found at {folder}; run `python scripts/fetch_test_assets.py`", pytrace=False)
+    return sorted(p.stem for p in folder.glob("*.jinja") if not p.stem.endswith("_training"))
+
+
+def trl_pairing(name: str) -> tuple[str, tuple[str, ...]]:
+    """The tokenizer a TRL template is tested on: the table above, else by family name, else Qwen3's."""
+    if name in TRL_TEMPLATE_TOKENIZER:
+        return TRL_TEMPLATE_TOKENIZER[name]
+    for prefix, pairing in (("gemma4", TRL_TEMPLATE_TOKENIZER["gemma4"]), ("diffusion_gemma", TRL_TEMPLATE_TOKENIZER["gemma4"]),
+                            ("gemma", ("gemma3", ())), ("llama", ("llama3", ())), ("deepseek", ("deepseek_v3", ())),
+                            ("lfm2", TRL_TEMPLATE_TOKENIZER["lfm2"]), ("cohere", TRL_TEMPLATE_TOKENIZER["cohere2"]),
+                            ("nemotron", ("qwen3", ()))):  # fmt: skip
+        if name.startswith(prefix):
+            return pairing
+    return ("qwen3", ())
