@@ -6,8 +6,9 @@ results and new user questions in turn), and the same independent re-proof of ev
 silent break, every unproven bridge a counted split that restarts from a fresh render.
 
 * Qwen3.5 (TRL's ``qwen3_5_think.jinja`` on Qwen3's tokenizer) prompts with ``<think>\\n``, so each
-  output starts inside the reasoning; its template drops the reasoning of turns before the last
-  user question, so a new question cannot be bridged (counted splits), a tool result can.
+  output starts inside the reasoning. Its own template drops the reasoning of turns before the
+  last user question, so a new question cannot be bridged (counted splits), a tool result can;
+  the training template derived from it (every turn keeps its reasoning) proves every bridge.
 * Llama 3.1 (TRL's ``llama3_1.jinja`` on the Llama 3.1 tokenizer) is the non-Qwen family: tool
   results are ``ipython`` turns and every bridge is provable.
 """
@@ -60,15 +61,26 @@ def family(request: pytest.FixtureRequest) -> tuple[str, Any, Qwen3ForCausalLM]:
 def test_bridges_proven_and_no_silent_break(family: tuple[str, Any, Qwen3ForCausalLM]) -> None:
     name, tok, model = family
     fmt = get_chat_format(tok)
-    assert fmt.name == {"qwen3_5": "qwen3_xml", "llama3_1": "llama3"}[name] and fmt.template_source == "tokenizer"
+    assert fmt.name == {"qwen3_5": "qwen3_xml", "llama3_1": "llama3"}[name]
+    assert fmt.template_source.startswith("training template derived" if name == "qwen3_5" else "tokenizer")
     trajs = rollout(fmt, model)
     proven, split = check_no_silent_break(fmt, trajs)
     metrics = rollout_metrics(trajs)
-    assert metrics["bridges/proven"] == proven and metrics["prefix_splits"] == split
+    assert metrics["bridges/proven"] == proven and metrics["prefix_splits"] == split == 0
+    assert proven >= 3 * len(trajs)
     if name == "qwen3_5":
-        # Tool results are bridged (the turn is after the last question); new questions split.
-        assert proven >= len(trajs) and split >= len(trajs)
         texts = [fmt.decode(s.completion_ids) for t in trajs for s in t.samples]
         assert sum(x.count("</think>") for x in texts) >= len(trajs)  # outputs did close reasoning
-    else:
-        assert split == 0 and proven >= 3 * len(trajs)
+
+
+def test_qwen35_original_template_splits_and_counts(family: tuple[str, Any, Qwen3ForCausalLM]) -> None:
+    """Qwen3.5's own template: tool results are bridged, each new question is a counted split."""
+    name, tok, model = family
+    if name != "qwen3_5":
+        pytest.skip("Llama 3.1's own template is prefix-preserving (above)")
+    fmt = get_chat_format(tok, training_template=False)
+    assert fmt.template_source == "tokenizer"
+    trajs = rollout(fmt, model)
+    proven, split = check_no_silent_break(fmt, trajs)
+    metrics = rollout_metrics(trajs)
+    assert metrics["bridges/proven"] == proven >= len(trajs) and metrics["prefix_splits"] == split >= len(trajs)

@@ -25,6 +25,21 @@ _PROBE_REPLY = "agentrl probe reply"
 OFFLOAD_CHARS = 32_768
 
 
+def encode_cut(encode: Callable[[str], list[int]], text: str, prompt: str) -> list[int]:
+    """``encode(text)``, encoded in pieces that end right after each occurrence of ``prompt``."""
+    if not prompt or prompt not in text:
+        return encode(text)
+    ids: list[int] = []
+    start = 0
+    while True:
+        at = text.find(prompt, start)
+        if at == -1:
+            break
+        ids += encode(text[start : at + len(prompt)])
+        start = at + len(prompt)
+    return ids + (encode(text[start:]) if start < len(text) else [])
+
+
 @dataclass(frozen=True)
 class BridgeResult:
     """Ids to append after a sampled assistant turn, or ``ids=None`` and why that is not safe."""
@@ -149,17 +164,7 @@ class ChatFormat:
         ``<think>\n``, and one tokenization of a turn whose reasoning is empty would merge that
         newline with the next one into a token the prompt never ends with.
         """
-        if not prompt or prompt not in text:
-            return self.encode(text)
-        ids: list[int] = []
-        start = 0
-        while True:
-            at = text.find(prompt, start)
-            if at == -1:
-                break
-            ids += self.encode(text[start : at + len(prompt)])
-            start = at + len(prompt)
-        return ids + (self.encode(text[start:]) if start < len(text) else [])
+        return encode_cut(self.encode, text, prompt)
 
     # ---------------------------------------------------------------- end tokens
     @property
