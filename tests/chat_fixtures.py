@@ -7,6 +7,7 @@ and bridge logic is tested through a genuine ``transformers`` tokenizer without 
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -114,3 +115,90 @@ def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict[str
 
 def tool_result(content: str, name: str = "get_weather", call_id: str = "call_0") -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+
+
+# ----------------------------------------------------------------------------- TRL's vendored templates
+# Each original template of TRL 1.16.0 (fetched by scripts/fetch_test_assets.py, never committed) is
+# paired with the family's own offline tokenizer where one exists; otherwise with Qwen3's tokenizer
+# plus the family's control tokens added as special tokens ("base + added" in docs/chat_formats.md).
+TRL_TEMPLATE_TOKENIZER: dict[str, tuple[str, tuple[str, ...]]] = {
+    "qwen2_5": ("qwen3", ()),
+    "qwen3": ("qwen3", ()),
+    "qwen3_instruct_2507": ("qwen3", ()),
+    "qwen3_5_think": ("qwen3", ()),
+    "qwen3_5_nothink": ("qwen3", ()),
+    "qwen3_6": ("qwen3", ()),
+    "qwen3_8": ("qwen3", ()),
+    "qwen3_vl": ("qwen3", ()),
+    "llama3_1": ("llama3", ()),
+    "llama3_2": ("llama3", ()),
+    "deepseekv3": ("deepseek_v3", ()),
+    "gptoss": ("gpt_oss", ()),
+    "gemma4": ("gemma3", ("<|turn>", "<turn|>", "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>",
+                          "<|tool_response>", "<tool_response|>", "<|channel>", "<channel|>", "<|think|>", '<|"|>')),
+    "glm4moe": ("qwen3", ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+                          "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink")),
+    "nemotron_3_nano": ("qwen3", ()),
+    "lfm2": ("qwen3", ("<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
+                       "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>")),
+    "cohere2": ("qwen3", ("<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>",
+                          "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>",
+                          "<|START_ACTION|>", "<|END_ACTION|>", "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>",
+                          "<|START_THINKING|>", "<|END_THINKING|>")),
+}  # fmt: skip
+
+
+def trl_template(name: str) -> str:
+    path = assets_dir() / "trl_templates" / f"{name}.jinja"
+    if not path.exists():
+        pytest.fail(f"TRL chat template {name!r} not found at {path}; run `python scripts/fetch_test_assets.py`", pytrace=False)
+    return path.read_text(encoding="utf-8")
+
+
+def trl_tokenizer(name: str) -> Any:
+    """The tokenizer template ``name`` is tested on, with the family's control tokens added (cached:
+    callers set ``chat_template`` themselves)."""
+    return _paired_tokenizer(*trl_pairing(name))
+
+
+@functools.cache
+def _paired_tokenizer(base: str, added: tuple[str, ...]) -> Any:
+    tok = load_asset_tokenizer(base)
+    missing = [t for t in added if t not in tok.get_vocab()]
+    if missing:
+        tok.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+    return tok
+
+
+def trl_tokenizer_folder(name: str, directory: Path, template: str | None = None) -> Path:
+    """A tokenizer folder as a checkpoint of family ``name`` ships it: its tokenizer, its template."""
+    tok = trl_tokenizer(name)
+    before = tok.chat_template
+    tok.chat_template = trl_template(name) if template is None else template
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tok.save_pretrained(directory)
+    finally:
+        tok.chat_template = before
+    return directory
+
+
+def trl_original_templates() -> list[str]:
+    """Names of TRL's original (not ``*_training``) templates, from the fetched folder."""
+    folder = assets_dir() / "trl_templates"
+    if not folder.exists():
+        pytest.fail(f"TRL chat templates not found at {folder}; run `python scripts/fetch_test_assets.py`", pytrace=False)
+    return sorted(p.stem for p in folder.glob("*.jinja") if not p.stem.endswith("_training"))
+
+
+def trl_pairing(name: str) -> tuple[str, tuple[str, ...]]:
+    """The tokenizer a TRL template is tested on: the table above, else by family name, else Qwen3's."""
+    if name in TRL_TEMPLATE_TOKENIZER:
+        return TRL_TEMPLATE_TOKENIZER[name]
+    for prefix, pairing in (("gemma4", TRL_TEMPLATE_TOKENIZER["gemma4"]), ("diffusion_gemma", TRL_TEMPLATE_TOKENIZER["gemma4"]),
+                            ("gemma", ("gemma3", ())), ("llama", ("llama3", ())), ("deepseek", ("deepseek_v3", ())),
+                            ("lfm2", TRL_TEMPLATE_TOKENIZER["lfm2"]), ("cohere", TRL_TEMPLATE_TOKENIZER["cohere2"]),
+                            ("nemotron", ("qwen3", ()))):  # fmt: skip
+        if name.startswith(prefix):
+            return pairing
+    return ("qwen3", ())

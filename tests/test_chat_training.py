@@ -71,3 +71,52 @@ def test_the_template_choice_is_logged(tok: Any, caplog: pytest.LogCaptureFixtur
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "qwen3_training.jinja" in warning.getMessage()
     assert any(r.levelno == logging.INFO and r.getMessage().endswith("template: tokenizer") for r in caplog.records)
+
+
+# ------------------------------------------------------------------ Qwen3.5-style: derived training templates
+QWEN35 = ["qwen3_5_think", "qwen3_5_nothink", "qwen3_6", "qwen3_8"]
+
+
+@pytest.mark.parametrize("name", QWEN35)
+def test_derived_qwen35_training_template_matches_the_original(name: str) -> None:
+    """Qwen3.5/3.6/3.8's real templates (TRL's set): the derived template changes only which
+    reasoning history shows, on 60 generated conversations, and is prefix-preserving."""
+    from chat_fixtures import trl_template
+
+    from agentrl.chat.training import derive_qwen3_xml_training, verify_qwen3_xml_training
+
+    tok = load_asset_tokenizer("qwen3")
+    original = trl_template(name)
+    derived = derive_qwen3_xml_training(original)
+    assert derived is not None and derived != original
+    convs = random_conversations(60, seed=3)
+    if "nothink" in name:  # reasons only when asked
+        convs = [(m, t, kw or {"enable_thinking": True}) for m, t, kw in convs]
+    assert training_template_problems(tok, original, derived, convs, qwen3_hidden) == []
+    assert verify_qwen3_xml_training(tok, original, derived) is None
+    tok.chat_template = original
+    fmt = get_chat_format(tok)
+    assert fmt.name == "qwen3_xml" and fmt.template_source.startswith("training template derived")
+    assert get_chat_format(tok, training_template=False).template_source == "tokenizer"
+
+
+def test_qwen35_original_rewrites_history_and_the_check_sees_it() -> None:
+    from chat_fixtures import trl_template
+
+    tok = load_asset_tokenizer("qwen3")
+    original = trl_template("qwen3_5_think")
+    problems = training_template_problems(tok, original, original, random_conversations(20, seed=2), qwen3_hidden)
+    assert any("rewrites history" in p for p in problems)
+
+
+def test_a_bad_derivation_is_rejected_and_the_original_kept() -> None:
+    """A derived template that also changes a trained turn must not be used."""
+    from chat_fixtures import trl_template
+
+    from agentrl.chat.training import derive_qwen3_xml_training, verify_qwen3_xml_training
+
+    tok = load_asset_tokenizer("qwen3")
+    original = trl_template("qwen3_5_think")
+    broken = (derive_qwen3_xml_training(original) or "").replace(r"'\n</think>\n\n'", r"'\n</think>\n'")
+    assert broken != derive_qwen3_xml_training(original)
+    assert verify_qwen3_xml_training(tok, original, broken) is not None

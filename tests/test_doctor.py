@@ -301,3 +301,93 @@ def test_terminal_output_uses_rich() -> None:
     plain = io.StringIO()
     write(report, as_json=False, stream=plain)
     assert "\x1b[" not in plain.getvalue() and "FAIL  b  broken" in plain.getvalue()
+
+
+# ------------------------------------------------------------------ TRL's vendored templates, as shipped
+# The doctor's verdict on each tool-capable original template of TRL 1.16.0, on its family's
+# tokenizer (tests/chat_fixtures.py). WARN names a limitation of the family; FAIL rows are families
+# agentrl has no chat format for yet (docs/chat_formats.md lists them).
+TRL_EXPECTED = {
+    "qwen2_5": "PASS", "qwen3": "PASS", "qwen3_instruct_2507": "PASS", "qwen3_vl": "PASS", "qwen3_8": "PASS",
+    "qwen3_5_think": "PASS", "qwen3_5_nothink": "PASS", "qwen3_6": "PASS", "nemotron_3_nano": "WARN",
+    "llama3_1": "WARN", "llama3_2": "WARN", "deepseekv3": "PASS",
+    "gptoss": "FAIL", "gemma4": "FAIL", "glm4moe": "FAIL", "lfm2": "FAIL", "cohere2": "FAIL",
+}  # fmt: skip
+# Which check each WARN is about (the limitation it names).
+TRL_WARNINGS = {
+    "nemotron_3_nano": {"prefix: assistant -> user -> assistant"},
+    "llama3_1": {"tool-call round trip"}, "llama3_2": {"tool-call round trip"},
+}  # fmt: skip
+
+
+def trl_report(capsys: pytest.CaptureFixture[str], name: str, folder: Path) -> tuple[int, dict[str, Any]]:
+    from chat_fixtures import trl_tokenizer_folder
+
+    trl_tokenizer_folder(name, folder)
+    return doctor_json(capsys, f"model={folder}")
+
+
+@pytest.mark.parametrize("name", sorted(TRL_EXPECTED))
+def test_trl_template_as_shipped(capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str) -> None:
+    code, report = trl_report(capsys, name, tmp_path / name)
+    lines = [f"{c['status']} {c['name']}: {c['summary']}" for c in report["checks"]]
+    assert report["status"] == TRL_EXPECTED[name], lines
+    assert code == (1 if report["status"] == "FAIL" else 0)
+    warned = {c["name"] for c in report["checks"] if c["status"] == "WARN"}
+    assert warned == TRL_WARNINGS.get(name, set()), lines
+
+
+def test_every_trl_template_gets_a_report(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No template of the set makes the doctor raise: each gives a JSON report and exit 0 or 1.
+
+    The tokenizers are handed to the doctor in memory (loading Gemma's 262k-token tokenizer from a
+    folder per template would take minutes); the folder path is what the test above exercises.
+    """
+    import agentrl.doctor as doctor_module
+    from chat_fixtures import trl_original_templates, trl_template, trl_tokenizer
+
+    names = trl_original_templates()
+    assert len(names) >= 40 and set(TRL_EXPECTED) <= set(names)
+
+    def load(spec: str) -> Any:
+        tok = trl_tokenizer(spec)
+        tok.chat_template = trl_template(spec)
+        return tok
+
+    monkeypatch.setattr(doctor_module, "load_tokenizer", load)
+    for name in names:
+        if name in TRL_EXPECTED:
+            continue  # checked one by one above
+        code, report = doctor_json(capsys, f"model={name}")
+        assert code == (1 if report["status"] == "FAIL" else 0), (name, report["status"])
+        failed = [c for c in report["checks"] if c["status"] == "FAIL"]
+        assert all(c["summary"] for c in failed), name
+
+
+RAISES = GOOD.replace("{%- for message in messages %}", "{{- raise_exception('this template always raises') }}{%- for message in messages %}", 1)
+
+
+def test_template_that_raises_is_a_fail_line_not_a_crash(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert RAISES != GOOD
+    build_tiny_tokenizer(tmp_path / "raises", RAISES)
+    code, report = doctor_json(capsys, f"model={tmp_path / 'raises'}")
+    assert code == 1 and report["status"] == "FAIL"
+    assert any("this template always raises" in c["summary"] + " ".join(c["details"]) for c in report["checks"]), report
+    code, out = doctor(capsys, f"model={tmp_path / 'raises'}")
+    assert code == 1 and "Traceback" not in out and out.rstrip().splitlines()[-1].startswith("FAIL")
+
+
+def test_tokenizer_without_a_template_is_a_fail_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    tok = build_tiny_tokenizer(tmp_path / "none")
+    tok.chat_template = None
+    tok.save_pretrained(tmp_path / "none")
+    (tmp_path / "none" / "chat_template.jinja").unlink(missing_ok=True)
+    code, report = doctor_json(capsys, f"model={tmp_path / 'none'}")
+    assert code == 1 and by_name(report)["chat format"]["status"] == "FAIL"
+    assert "no chat template" in " ".join(by_name(report)["chat format"]["details"])
+
+
+def test_bad_input_still_writes_a_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = doctor_json(capsys, "model=/no/such/folder")
+    assert code == 2 and report["exit_code"] == 2 and report["status"] == "FAIL"
+    assert "no such folder" in report["checks"][0]["summary"]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl.chat.guard import ContentGuard
 from agentrl.chat.parsers.base import ResponseParser
 from agentrl.chat.types import ParsedResponse, ParseIssue
 
@@ -20,6 +21,23 @@ Message = dict[str, Any]
 # Tokens that end a document rather than a turn; a model may stop on them, so generation does.
 _DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>")
 _PROBE_REPLY = "agentrl probe reply"
+# Outputs longer than this (characters) are parsed off the event loop by ``ChatFormat.aparse``.
+OFFLOAD_CHARS = 32_768
+
+
+def encode_cut(encode: Callable[[str], list[int]], text: str, prompt: str) -> list[int]:
+    """``encode(text)``, encoded in pieces that end right after each occurrence of ``prompt``."""
+    if not prompt or prompt not in text:
+        return encode(text)
+    ids: list[int] = []
+    start = 0
+    while True:
+        at = text.find(prompt, start)
+        if at == -1:
+            break
+        ids += encode(text[start : at + len(prompt)])
+        start = at + len(prompt)
+    return ids + (encode(text[start:]) if start < len(text) else [])
 
 
 @dataclass(frozen=True)
@@ -60,6 +78,8 @@ class ChatFormat:
         # <|call|>/<|return|>, where <|end|> only closes one message of a turn) name them.
         self._end_tokens = tuple(end_tokens or ())
         self._eot_ids, self._stop_ids = self._find_end_tokens()
+        self._guard = ContentGuard(tokenizer, chat_template)
+        self._prompts: dict[Any, str] = {}  # template kwargs -> generation prompt text
 
     def __repr__(self) -> str:
         return f"ChatFormat(name={self.name!r}, template={self.template_source!r}, eot={self.eot_token_ids})"
@@ -98,8 +118,53 @@ class ChatFormat:
         add_generation_prompt: bool = True,
         **template_kwargs: Any,
     ) -> list[int]:
-        """Token ids of the conversation; equal to ``apply_chat_template(..., tokenize=True)``."""
-        return self.encode(self.render_text(messages, tools, add_generation_prompt, **template_kwargs))
+        """Token ids of the conversation; equal to ``apply_chat_template(..., tokenize=True)``, except
+        that user and tool content is always tokenized as text (see :mod:`agentrl.chat.guard`).
+
+        Without that, a tool result holding the text ``<|im_end|>`` (a web page, a file) is encoded
+        as the control token itself and can close its turn and write a fake one.
+        """
+        guarded, contents = self._guard.mask(messages)
+        text = self.render_text(guarded, tools, add_generation_prompt, **template_kwargs)
+        prompt = self._generation_prompt(template_kwargs)
+
+        def encode(part: str) -> list[int]:
+            return self._encode_cut(part, prompt)
+
+        if not contents:
+            return encode(text)
+        original = lambda: self.render_text(messages, tools, add_generation_prompt, **template_kwargs)  # noqa: E731
+        return self._guard.encode(text, contents, encode, original)
+
+    def _generation_prompt(self, template_kwargs: dict[str, Any]) -> str:
+        """The text ``add_generation_prompt=True`` appends (for these template kwargs), or ''."""
+        try:
+            key = tuple(sorted(template_kwargs.items()))
+            hash(key)
+        except TypeError:
+            key = None
+        if key is not None and key in self._prompts:
+            return self._prompts[key]
+        probe = [{"role": "user", "content": "agentrl probe question"}]
+        try:
+            with_prompt = self.render_text(probe, add_generation_prompt=True, **template_kwargs)
+            without = self.render_text(probe, add_generation_prompt=False, **template_kwargs)
+            prompt = with_prompt[len(without) :] if with_prompt.startswith(without) else ""
+        except Exception:
+            prompt = ""
+        if key is not None:
+            self._prompts[key] = prompt
+        return prompt
+
+    def _encode_cut(self, text: str, prompt: str) -> list[int]:
+        """Encode ``text``, cutting right after each generation prompt in it.
+
+        The model is prompted with the generation prompt's ids and samples what follows, so a
+        rendered assistant turn must be tokenized the same way: Qwen3.5 prompts with
+        ``<think>\n``, and one tokenization of a turn whose reasoning is empty would merge that
+        newline with the next one into a token the prompt never ends with.
+        """
+        return encode_cut(self.encode, text, prompt)
 
     # ---------------------------------------------------------------- end tokens
     @property
@@ -147,6 +212,29 @@ class ChatFormat:
         ``tools`` (the schemas the prompt showed) lets families that write arguments as untyped
         text (Qwen3.5-style XML parameters) restore argument types; JSON families ignore it.
         """
+        text, framing = self._decode_turn(token_ids)
+        if isinstance(text, ParsedResponse):
+            return text
+        return self._parse_text(text, framing, tools)
+
+    async def aparse(self, token_ids: Sequence[int], tools: Sequence[Message] | None = None) -> ParsedResponse:
+        """:meth:`parse` for the rollout loop: a long output is parsed in a worker thread.
+
+        Parsers are linear-time, but a turn of hundreds of kilobytes still takes milliseconds of
+        pure Python, and every episode in flight shares the event loop. Decoding stays here (the
+        Rust tokenizer is fast and not shared with another thread); only the text parse moves.
+        """
+        text, framing = self._decode_turn(token_ids)
+        if isinstance(text, ParsedResponse):
+            return text
+        if len(text) < OFFLOAD_CHARS:
+            return self._parse_text(text, framing, tools)
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self._parse_text, text, framing, tools)
+
+    def _decode_turn(self, token_ids: Sequence[int]) -> tuple[str | ParsedResponse, list[ParseIssue]]:
+        """The turn's text with the end of turn cut off, and framing issues (or the failed result)."""
         ids = list(token_ids)
         stop = set(self._stop_ids)
         cut = next((i for i, t in enumerate(ids) if t in stop), None)
@@ -158,13 +246,15 @@ class ChatFormat:
                 framing.append(ParseIssue("tokens_after_end_of_turn", f"{len(ids) - cut - 1} ids after it, ignored"))
             ids = ids[:cut]
         try:
-            text = self.decode(ids)
+            return self.decode(ids), framing
         except Exception as exc:  # invalid ids from a broken sampler
-            return ParsedResponse(content="", issues=[*framing, ParseIssue("decode_error", repr(exc))])
+            return ParsedResponse(content="", issues=[*framing, ParseIssue("decode_error", repr(exc)[:300])]), framing
+
+    def _parse_text(self, text: str, framing: list[ParseIssue], tools: Sequence[Message] | None) -> ParsedResponse:
         try:
             result = self.parser.parse_with_tools(text, tools) if tools else self.parser.parse(text)
         except Exception as exc:  # a parser bug must not kill a rollout
-            return ParsedResponse(content=text, issues=[*framing, ParseIssue("parser_error", repr(exc))])
+            return ParsedResponse(content=text, issues=[*framing, ParseIssue("parser_error", repr(exc)[:300])])
         result.issues = result.issues + framing
         return result
 

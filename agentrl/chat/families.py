@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from agentrl.chat.formats import FormatSpec, register_format
-from agentrl.chat.training import verify_qwen3_training
+from agentrl.chat.training import derive_qwen3_xml_training, verify_qwen3_training, verify_qwen3_xml_training
 
 
 def arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -57,6 +57,8 @@ QWEN3_XML = register_format(
         template="qwen3_xml_tools.jinja",
         thinking=True,
         adapt_messages=arguments_as_objects,
+        derive_training=derive_qwen3_xml_training,
+        verify_training=verify_qwen3_xml_training,
     )
 )
 LLAMA3 = register_format(

@@ -39,6 +39,9 @@ class FormatSpec:
     adapt_messages: Callable[[Messages], Messages] | None = None
     end_tokens: tuple[str, ...] = ()  # tokens that end an assistant turn, when a probe cannot tell
     verify_training: Callable[[Any, str, str], str | None] | None = None
+    # Builds a training template from the tokenizer's own (a patch of the one condition that
+    # rewrites history), used only after ``verify_training`` accepts it.
+    derive_training: Callable[[str], str | None] | None = None
 
     def writes_syntax(self, probe: TemplateProbe) -> bool:
         """Whether a template that rendered ``probe`` writes this format's tool-call syntax."""

@@ -21,6 +21,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from agentrl.chat.base import encode_cut
+
 Message = dict[str, Any]
 Conversation = tuple[list[Message], list[Message] | None, dict[str, Any]]  # messages, tools, template kwargs
 
@@ -87,11 +89,17 @@ def training_template_problems(
     reasoning blocks of assistant turns), so that the rest can be compared exactly.
     """
 
+    prompts: dict[Any, str] = {}
+
     def ids(template: str, messages: list[Message], tools: Any, gen: bool, kwargs: dict) -> list[int]:
+        """Ids as ChatFormat.render makes them: cut after each generation prompt, as generation does."""
         text = tokenizer.apply_chat_template(
             messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=gen, **kwargs
         )
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        key = (template, tuple(sorted(kwargs.items())))
+        if key not in prompts:
+            prompts[key] = generation_prompt(tokenizer, template, kwargs)
+        return encode_cut(lambda t: list(tokenizer(t, add_special_tokens=False)["input_ids"]), text, prompts[key])
 
     def text(template: str, messages: list[Message], tools: Any, kwargs: dict) -> str:
         return tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False, **kwargs)
@@ -129,6 +137,17 @@ def training_template_problems(
     return problems
 
 
+def generation_prompt(tokenizer: Any, template: str, kwargs: dict[str, Any]) -> str:
+    """The text ``add_generation_prompt=True`` appends under ``template`` ('' if it cannot tell)."""
+    probe = [{"role": "user", "content": "agentrl probe question"}]
+    try:
+        on = tokenizer.apply_chat_template(probe, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs)
+        off = tokenizer.apply_chat_template(probe, chat_template=template, tokenize=False, add_generation_prompt=False, **kwargs)
+    except Exception:
+        return ""
+    return on[len(off) :] if on.startswith(off) else ""
+
+
 def _next_assistant(messages: list[Message], end: int) -> int:
     """Index of the next assistant turn after ``end`` (or the end): what a bridge would append."""
     return next((i for i in range(end + 1, len(messages)) if messages[i]["role"] == "assistant"), len(messages))
@@ -155,8 +174,33 @@ def qwen3_hidden(text: str) -> str:
     return _AFTER_HEADER.sub(r"\1", _THINK.sub("", text))
 
 
+# Qwen3.5 / 3.6 templates show an assistant turn's reasoning only after the last user question
+# (``loop.index0 > ns.last_query_index``); a new question then rewrites history.
+_LAST_QUERY_ONLY = re.compile(r"(\{%-?\s*if\b[^%]*?)loop\.index0\s*>\s*ns\.last_query_index")
+
+
+def derive_qwen3_xml_training(original: str) -> str | None:
+    """A prefix-preserving training template made from the tokenizer's own Qwen3.5-style template:
+    the one condition that hides earlier reasoning is made always true, so every assistant turn is
+    rendered as the original renders the turns after the last question. None if the template has
+    no such condition (then it is used as it is)."""
+    derived, n = _LAST_QUERY_ONLY.subn(r"\1true", original)
+    return derived if n else None
+
+
 def verify_qwen3_training(tokenizer: Any, original: str, training: str) -> str | None:
     """Quick check at ``get_chat_format`` time (a fork of Qwen3's template must not get ours)."""
     conversations = random_conversations(8, seed=0)
+    problems = training_template_problems(tokenizer, original, training, conversations, qwen3_hidden, limit=1)
+    return problems[0] if problems else None
+
+
+def verify_qwen3_xml_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The same check for a derived Qwen3.5-style training template. A template whose default
+    generation prompt closes the reasoning block (Qwen3.5 non-thinking) reasons only when asked, so
+    its thinking conversations pass ``enable_thinking=True``."""
+    conversations = random_conversations(8, seed=0)
+    if "</think>" in generation_prompt(tokenizer, original, {}):
+        conversations = [(m, t, kw or {"enable_thinking": True}) for m, t, kw in conversations]
     problems = training_template_problems(tokenizer, original, training, conversations, qwen3_hidden, limit=1)
     return problems[0] if problems else None

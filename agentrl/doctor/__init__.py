@@ -46,16 +46,45 @@ def main(args: list[str]) -> int:
     """``agentrl doctor``: print the report, return its exit code (2 for bad input, via DoctorError)."""
     args = ["json=true" if a == "--json" else "strict=true" if a == "--strict" else a for a in args]
     cfg = build(DoctorConfig, parse_overrides(args, shortcuts={}))
-    report = diagnose(cfg)
+    try:
+        report = diagnose(cfg)
+    except DoctorError as exc:
+        if not cfg.as_json:
+            raise  # the CLI prints its one line and exits 2
+        report = _bad_input_report(cfg, exc)
     write(report, cfg.as_json)
     return report.exit_code
+
+
+def _bad_input_report(cfg: DoctorConfig, exc: DoctorError) -> Report:
+    """With json=true, bad input still gives a JSON report (status FAIL, exit code 2)."""
+    report = Report(
+        model=cfg.model, tokenizer="(not loaded)", chat_format=None, how="(bad input)", template="(unknown)",
+        end_of_turn="(unknown)", checks=[C.Check("input", C.FAIL, str(exc))], strict=cfg.strict,
+    )  # fmt: skip
+    report.bad_input = True
+    return report
+
+
+def _guarded(name: str, run: Any, *args: Any) -> C.Check:
+    """``run(*args)``; an exception (a template that raises where no check expected it, a bug)
+    becomes a FAIL line naming it, so the doctor always finishes its report."""
+    try:
+        return run(*args)
+    except Exception as exc:
+        cause = f"{type(exc).__name__}: {exc}".strip()
+        return C.Check(name, C.FAIL, f"the check could not run: {C.short(cause, 300)}", [C.short(cause, 2000)])
 
 
 def diagnose(cfg: DoctorConfig) -> Report:
     """Run every check for ``cfg`` and collect them in a :class:`Report`."""
     tokenizer = load_tokenizer(cfg.model)
     template = _template_override(cfg.chat_template)
-    fmt, format_check, how = _chat_format(tokenizer, cfg, template)
+    try:
+        fmt, format_check, how = _chat_format(tokenizer, cfg, template)
+    except Exception as exc:  # a template that raises while the format is chosen
+        fmt, how = None, "failed"
+        format_check = _guarded("chat format", _raise, exc)
     report = Report(
         model=cfg.model,
         tokenizer=f"{type(tokenizer).__name__}, {len(tokenizer)} tokens, from {_where(tokenizer, cfg.model)}",
@@ -66,7 +95,7 @@ def diagnose(cfg: DoctorConfig) -> Report:
         checks=[format_check],
         strict=cfg.strict,
     )
-    report.checks.append(C.check_tool_schemas(tokenizer, template, fmt))
+    report.checks.append(_guarded("tool schemas in the prompt", C.check_tool_schemas, tokenizer, template, fmt))
     names = ["tool-call round trip", "malformed output reported", "end-of-turn token trained", *_PREFIX_CHECKS]
     if fmt is None:
         report.checks += [C.Check(n, C.SKIP, "no chat format") for n in names]
@@ -74,17 +103,37 @@ def diagnose(cfg: DoctorConfig) -> Report:
             report.checks.append(C.Check("greedy generation parses", C.SKIP, "no chat format"))
         return report
     renders, reads = C.renders_reasoning(fmt), C.reads_reasoning(fmt)
-    thinking = renders and reads
-    report.checks += [C.check_round_trip(fmt, thinking), C.check_malformed(fmt), C.check_end_of_turn(fmt)]
+    off_by_default = renders and reads and C.thinking_off_by_default(fmt)
+    thinking = renders and reads and not off_by_default
+    report.checks += [
+        _guarded("tool-call round trip", C.check_round_trip, fmt, thinking),
+        _guarded("malformed output reported", C.check_malformed, fmt),
+        _guarded("end-of-turn token trained", C.check_end_of_turn, fmt),
+    ]
     for name, (rounds, with_reasoning) in _PREFIX_CHECKS.items():
         if with_reasoning is True and not thinking:
-            why = f"the {fmt.name!r} format does not parse reasoning back" if renders else "the template does not render reasoning_content"
+            why = (
+                "the template's generation prompt closes the reasoning block (thinking is off by default)" if off_by_default
+                else f"the {fmt.name!r} format does not parse reasoning back" if renders
+                else "the template does not render reasoning_content"
+            )  # fmt: skip
             report.checks.append(C.Check(name, C.SKIP, why))
         else:
-            report.checks.append(C.check_prefix(fmt, name, rounds(thinking if with_reasoning is None else with_reasoning)))
+            episode = _guarded(name, rounds, thinking if with_reasoning is None else with_reasoning)
+            if isinstance(episode, C.Check):  # building the episode failed
+                report.checks.append(episode)
+            else:
+                report.checks.append(_guarded(name, C.check_prefix, fmt, name, episode))
     if cfg.check_model:
-        report.checks += _model_checks(fmt, cfg)
+        try:
+            report.checks += _model_checks(fmt, cfg)
+        except Exception as exc:
+            report.checks.append(_guarded("greedy generation parses", _raise, exc))
     return report
+
+
+def _raise(exc: Exception) -> Any:
+    raise exc
 
 
 # name -> (episode, with reasoning: False, True, or None = when the template renders it)

@@ -66,7 +66,17 @@ class Turn:
     after: list[int] = field(default_factory=list)  # what the rendered turn has after that stop token
 
 
+def as_generated(fmt: Any, reply: M.Message) -> M.Message:
+    """``reply`` as the model would write it: where the prompt opens a reasoning block, every turn
+    starts with reasoning (Nemotron 3 renders an empty one as ``<think></think>``, which no model
+    prompted with ``<think>\n`` can write)."""
+    if reply.get("role") == "assistant" and reply.get("reasoning_content") is None and prompt_opens_reasoning(fmt):
+        return {**reply, "reasoning_content": "Let me think."}
+    return reply
+
+
 def render_turn(fmt: Any, history: list[M.Message], reply: M.Message, tools: Sequence[Any] | None = M.TOOLS) -> Turn:
+    reply = as_generated(fmt, reply)
     prompt = fmt.render(history, tools)
     full = fmt.render([*history, reply], tools, add_generation_prompt=False)
     if full[: len(prompt)] != prompt:
@@ -98,6 +108,29 @@ def renders_reasoning(fmt: Any) -> bool:
     except Exception:
         return False
     return marker in text
+
+
+def _default_prompt_tail(fmt: Any) -> str:
+    try:
+        prompt = fmt.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+        plain = fmt.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=False)
+    except Exception:
+        return ""
+    return prompt[len(plain) :] if prompt.startswith(plain) else prompt[-40:]
+
+
+def prompt_opens_reasoning(fmt: Any) -> bool:
+    """Whether the default generation prompt opens a reasoning block it does not close (Qwen3.5,
+    Nemotron 3 end it with ``<think>\n``)."""
+    tail = _default_prompt_tail(fmt)
+    return "<think>" in tail and "</think>" not in tail
+
+
+def thinking_off_by_default(fmt: Any) -> bool:
+    """Whether the default generation prompt already closes a reasoning block (Qwen3.5 'nothink'
+    writes ``<think>\n\n</think>\n\n``): the model then writes no reasoning unless asked to."""
+    tail = _default_prompt_tail(fmt)
+    return any(close in tail for close in ("</think>", "<channel|>", "<|END_THINKING|>"))
 
 
 def reads_reasoning(fmt: Any) -> bool:
@@ -241,6 +274,7 @@ def check_round_trip(fmt: Any, thinking: bool) -> Check:
     failed, drifted, refused = [], [], []
     cases = M.round_trip_cases(thinking)
     for label, reply in cases:
+        reply = as_generated(fmt, reply)
         try:
             turn = render_turn(fmt, M.history(), reply)
         except Exception as exc:
@@ -307,10 +341,14 @@ def check_malformed(fmt: Any) -> Check:
         return Check(name, SKIP, "no well-formed generated turn to cut (see the checks above)")
     body, eot = turn.generated[:-1], turn.generated[-1:]
     half = body[: len(body) // 2]
+    dec = decoder(fmt.tokenizer)
+    last = len(body)  # the last token that writes something (Nemotron ends a call turn with a newline)
+    while last > 1 and not dec(body[last - 1]).strip():
+        last -= 1
     cases = [
         ("cut at the length cap (no end of turn)", half),
         ("call cut, then end of turn", half + eot),
-        ("call without its last token", body[:-1] + eot),
+        ("call without its last token", body[: last - 1] + eot),
     ]
     silent, details = [], []
     for label, ids in cases:
@@ -346,6 +384,7 @@ def check_end_of_turn(fmt: Any) -> Check:
     ]
     closers = set()
     for label, reply in cases:
+        reply = as_generated(fmt, reply)
         try:
             turn = render_turn(fmt, M.history(), reply)
         except Exception as exc:

@@ -23,6 +23,7 @@ class Report:
     end_of_turn: str
     checks: list[Check] = field(default_factory=list)
     strict: bool = False
+    bad_input: bool = False  # the input itself was unusable (exit code 2)
 
     def counts(self) -> dict[str, int]:
         return {s: sum(c.status == s for c in self.checks) for s in (PASS, WARN, FAIL, SKIP)}
@@ -34,7 +35,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """1 on any FAIL (and, with strict=true, on any WARN), else 0: usable as a gate before a run."""
+        """1 on any FAIL (and, with strict=true, on any WARN), 2 for bad input, else 0: usable as a gate."""
+        if self.bad_input:
+            return 2
         return 1 if self.status == FAIL or (self.strict and self.status == WARN) else 0
 
     def to_dict(self) -> dict[str, Any]:

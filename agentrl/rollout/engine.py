@@ -142,7 +142,7 @@ class RolloutEngine:
             sample.extend(list(gen.token_ids), sampled=True, logprobs=list(gen.logprobs))
             used += len(gen.token_ids)
 
-            parsed = fmt.parse(gen.token_ids, tools)  # schemas type untyped (XML) arguments
+            parsed = await fmt.aparse(gen.token_ids, tools)  # schemas type untyped (XML) arguments; long ones off the loop
             message = parsed.to_message()
             for k, call in enumerate(message.get("tool_calls", [])):
                 call.setdefault("id", f"call_{turn_index}_{k}")

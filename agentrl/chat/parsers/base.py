@@ -12,7 +12,17 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from agentrl.chat.types import ParsedResponse
+from agentrl.chat.types import ParsedResponse, ParseIssue
+
+# No real turn makes hundreds of calls; a hostile one may write a million openers. Past this many
+# calls (or messages, for channel formats) a parser stops and reports the rest, which bounds both
+# its time and what the dispatcher is asked to run.
+MAX_CALLS = 256
+
+
+def too_many_calls(where: str) -> ParseIssue:
+    """The issue a parser reports when it stops at :data:`MAX_CALLS`."""
+    return ParseIssue("too_many_calls", f"more than {MAX_CALLS} {where} in one turn; the rest is ignored")
 
 
 @dataclass(frozen=True)
@@ -55,3 +65,24 @@ class ResponseParser(ABC):
     def matches(cls, probe: TemplateProbe) -> bool:
         """Whether a template that rendered ``probe`` writes this parser's syntax (for detection)."""
         return False
+
+
+class Finder:
+    """``str.find`` that remembers its last answer per substring, so a parser that keeps asking
+    "where is the next closing tag after here" scans the text once instead of once per call.
+
+    Without it, an output of a million unclosed openers makes each opener search to the end for
+    its closer: quadratic time on one hostile turn, stalling every episode in flight.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._last: dict[str, tuple[int, int]] = {}  # substring -> (searched from, found at or -1)
+
+    def find(self, sub: str, start: int) -> int:
+        hit = self._last.get(sub)
+        if hit is not None and hit[0] <= start and (hit[1] == -1 or hit[1] >= start):
+            return hit[1]
+        pos = self.text.find(sub, start)
+        self._last[sub] = (start, pos)
+        return pos

@@ -22,20 +22,57 @@ _NAME_RE = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"', re.DOTALL)
 _ARGS_RE = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
 
+# Arguments nested deeper than this are refused as a decoding error: no tool takes them, and a value
+# a thousand levels deep breaks every recursive consumer after the parser (json.dumps, pydantic,
+# deepcopy), so it must not leave the parser as data.
+MAX_DEPTH = 64
+
+
+def too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests lists/dicts more than ``limit`` levels (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+_TOO_DEEP = f"ValueError: JSON nested more than {MAX_DEPTH} levels deep"
+
+
 def loads(text: str) -> tuple[Any, str | None]:
-    """``json.loads`` that returns ``(value, None)`` or ``(None, error)`` and never raises."""
+    """``json.loads`` that returns ``(value, None)`` or ``(None, error)`` and never raises.
+
+    A value nested more than :data:`MAX_DEPTH` levels is an error too (see there).
+    """
     try:
-        return _DECODER.decode(text), None
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        return None, f"{type(exc).__name__}: {exc}"
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+    return (None, _TOO_DEEP) if too_deep(value) else (value, None)
 
 
-def raw_decode(text: str, start: int) -> tuple[Any, int] | None:
-    """Decode one JSON value starting at ``start``; ``(value, end)`` or None. Never raises."""
+def raw_decode(text: str, start: int, end: int | None = None) -> tuple[Any, int] | None:
+    """Decode one JSON value starting at ``start`` (and ending by ``end``); ``(value, end)`` or None.
+
+    Never raises. Pass ``end`` when decoding at many places of one long text: a decoding error
+    counts the lines from the start of the string it was given, which is quadratic over a long
+    text full of broken calls unless each attempt sees only its own window.
+    """
     try:
-        return _DECODER.raw_decode(text, start)
+        if end is None:
+            value, stop = _DECODER.raw_decode(text, start)
+        else:
+            value, stop = _DECODER.raw_decode(text[start:end])
+            stop += start
     except (ValueError, RecursionError):
         return None
+    return None if too_deep(value) else (value, stop)
 
 
 def salvage_name(text: str) -> str | None:

@@ -10,7 +10,7 @@ Text before the calls is the content. Also reads an optional ``<think>`` block (
 
 from __future__ import annotations
 
-from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
+from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_object, loads
 from agentrl.chat.parsers.reasoning import split_reasoning
 from agentrl.chat.parsers.registry import register_parser
@@ -51,7 +51,10 @@ class DeepSeekV3Parser(ResponseParser):
                 issues.append(ParseIssue("trailing_text", f"after {CALLS_END}: {body[end + len(CALLS_END):].strip()[:80]!r}"))
             body = body[:end]
         calls: list[ToolCall] = []
-        pieces = body.split(CALL_BEGIN)
+        pieces = body.split(CALL_BEGIN, MAX_CALLS + 1)
+        if len(pieces) > MAX_CALLS + 1:
+            pieces = pieces[: MAX_CALLS + 1]
+            issues.append(too_many_calls("tool calls"))
         if pieces[0].strip():
             issues.append(ParseIssue("text_between_calls", f"{pieces[0].strip()[:80]!r}"))
         for k, piece in enumerate(pieces[1:]):

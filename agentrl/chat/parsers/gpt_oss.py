@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
+from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_object, loads
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
@@ -22,6 +22,7 @@ from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
+_SEPARATOR = re.compile(r"<\|end\|>\s*(?:<\|start\|>\s*assistant)?|<\|start\|>\s*assistant")
 
 
 @register_parser("gpt_oss")
@@ -38,9 +39,12 @@ class GptOssParser(ResponseParser):
         content: list[str] = []
         calls: list[ToolCall] = []
         # Messages are separated by <|end|><|start|>assistant; the first has no <|start|>.
-        chunks = re.split(r"<\|end\|>\s*(?:<\|start\|>\s*assistant)?|<\|start\|>\s*assistant", text)
+        chunks = _SEPARATOR.split(text, MAX_CALLS + 1)
         for k, chunk in enumerate(c for c in chunks if c.strip()):
             where = f"message {k}"
+            if k == MAX_CALLS:
+                issues.append(too_many_calls("messages"))
+                break
             if MESSAGE not in chunk:
                 issues.append(ParseIssue("missing_message_tag", f"{where}: no {MESSAGE} in {chunk.strip()[:80]!r}"))
                 content.append(chunk.strip())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
+from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_json, raw_decode
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
@@ -25,22 +25,24 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
-def _scan_call(text: str, body_start: int) -> tuple[str, int, bool]:
+def _scan_call(finder: Finder, body_start: int) -> tuple[str, int, bool]:
     """Find the body of the call opened just before ``body_start``.
 
     Returns ``(body, resume_at, closed)``: the JSON text, where scanning goes on, and whether the
     closing tag was found.
     """
+    text = finder.text
     i = _skip_ws(text, body_start)
     if text.startswith("{", i):
-        decoded = raw_decode(text, i)
+        nxt = finder.find(OPEN, body_start)
+        decoded = raw_decode(text, i, len(text) if nxt == -1 else nxt)
         if decoded is not None:
             j = _skip_ws(text, decoded[1])
             if text.startswith(CLOSE, j):
                 return text[body_start:j], j + len(CLOSE), True
             if j == len(text):
                 return text[body_start:], len(text), False
-    end, nxt = text.find(CLOSE, body_start), text.find(OPEN, body_start)
+    end, nxt = finder.find(CLOSE, body_start), finder.find(OPEN, body_start)
     if end != -1 and (nxt == -1 or end < nxt):
         return text[body_start:end], end + len(CLOSE), True
     stop = len(text) if nxt == -1 else nxt
@@ -86,8 +88,12 @@ class HermesParser(ResponseParser):
         if CLOSE in content:
             issues.append(ParseIssue("stray_tag", f"{CLOSE} without a matching {OPEN}"))
         pos, index = first, 0
+        finder = Finder(text)
         while pos != -1:
-            body, after, closed = _scan_call(text, pos + len(OPEN))
+            if index == MAX_CALLS:
+                issues.append(too_many_calls("tool calls"))
+                break
+            body, after, closed = _scan_call(finder, pos + len(OPEN))
             where = f"tool call {index}"
             if not closed:
                 issues.append(ParseIssue("unclosed_tag", f"{where}: {OPEN} is never closed by {CLOSE}"))
@@ -95,7 +101,7 @@ class HermesParser(ResponseParser):
             issues.extend(call_issues)
             if call is not None:
                 calls.append(call)
-            pos = text.find(OPEN, after)
+            pos = finder.find(OPEN, after)
             gap = text[after : len(text) if pos == -1 else pos]
             if gap.strip():
                 kind = "trailing_text" if pos == -1 else "text_between_calls"

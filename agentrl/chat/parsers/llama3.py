@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
+from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_json, call_from_object, raw_decode
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
@@ -68,6 +68,9 @@ class Llama3Parser(ResponseParser):
             while i < len(body) and (body[i].isspace() or body[i] == ";"):
                 i += 1
             if i >= len(body):
+                break
+            if index == MAX_CALLS:
+                issues.append(too_many_calls("tool calls"))
                 break
             where = f"tool call {index}"
             decoded = raw_decode(body, i) if body.startswith("{", i) else None

@@ -8,7 +8,7 @@ Text before the first ``[TOOL_CALLS]`` is the content; the turn ends with ``</s>
 
 from __future__ import annotations
 
-from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
+from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_json, call_from_object, loads, raw_decode
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
@@ -29,8 +29,11 @@ class MistralParser(ResponseParser):
         if not text.strip():
             return ParsedResponse(content="", issues=[ParseIssue("empty", "no content and no tool call")])
         issues: list[ParseIssue] = []
-        content, *segments = text.split(TOOL_CALLS)
+        content, *segments = text.split(TOOL_CALLS, MAX_CALLS + 1)
         calls: list[ToolCall] = []
+        if len(segments) > MAX_CALLS:
+            segments = segments[:MAX_CALLS]
+            issues.append(too_many_calls(f"{TOOL_CALLS} segments"))
         for k, segment in enumerate(segments):
             where = f"tool call segment {k}"
             if segment.lstrip().startswith("[") and not segment.lstrip().startswith(ARGS):
@@ -39,6 +42,10 @@ class MistralParser(ResponseParser):
                 found, more = self._named(segment, where)
             calls.extend(found)
             issues.extend(more)
+            if len(calls) > MAX_CALLS:
+                del calls[MAX_CALLS:]
+                issues.append(too_many_calls("tool calls"))
+                break
         for tag in _CONTROL:
             if tag in text:
                 issues.append(ParseIssue("stray_tag", f"the model wrote {tag}"))

@@ -20,14 +20,17 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
+from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.reasoning import split_reasoning
+from agentrl.chat.parsers.calls import loads
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_FUNCTION = re.compile(r"<function=([^>\n]*)>")
-_PARAM = re.compile(r"<parameter=([^>\n]*)>")
+# A name stops at '<' too, so "<function=" repeated is one failed match per opener, not a scan to
+# the end of the text per opener (quadratic).
+_FUNCTION = re.compile(r"<function=([^<>\n]*)>")
+_PARAM = re.compile(r"<parameter=([^<>\n]*)>")
 _PY_LITERALS = {"True": True, "False": False, "None": None}
 
 
@@ -48,9 +51,8 @@ def _convert(raw: str, kind: Any) -> tuple[Any, str | None]:
     if kinds == {"string"}:
         return raw, None
     text = raw.strip()
-    try:
-        value = json.loads(text)
-    except ValueError:
+    value, err = loads(text)
+    if err is not None:
         if text in _PY_LITERALS:
             value = _PY_LITERALS[text]
         elif not kinds or "string" in kinds:
@@ -88,10 +90,14 @@ class Qwen3XmlParser(ResponseParser):
             issues.append(ParseIssue("stray_tag", f"{CLOSE} without a matching {OPEN}"))
         calls: list[ToolCall] = []
         pos, index = first, 0
+        finder = Finder(rest)
         while pos != -1:
+            if index == MAX_CALLS:
+                issues.append(too_many_calls("tool calls"))
+                break
             start = pos + len(OPEN)
-            fn_close = rest.find("</function>", start)  # a value may contain </tool_call>: look after the function
-            end, nxt = rest.find(CLOSE, start if fn_close == -1 else fn_close), rest.find(OPEN, start)
+            fn_close = finder.find("</function>", start)  # a value may contain </tool_call>: look after the function
+            end, nxt = finder.find(CLOSE, start if fn_close == -1 else fn_close), finder.find(OPEN, start)
             closed = end != -1 and (nxt == -1 or end < nxt)
             stop = end if closed else (len(rest) if nxt == -1 else nxt)
             where = f"tool call {index}"
@@ -102,7 +108,7 @@ class Qwen3XmlParser(ResponseParser):
             if call is not None:
                 calls.append(call)
             after = stop + len(CLOSE) if closed else stop
-            pos = rest.find(OPEN, after)
+            pos = finder.find(OPEN, after)
             gap = rest[after : len(rest) if pos == -1 else pos]
             if gap.strip():
                 kind = "trailing_text" if pos == -1 else "text_between_calls"

@@ -1,0 +1,198 @@
+"""Hostile model output: parsing never raises, stays bounded, and the results file is always written.
+
+Issue 17: one deeply nested tool call made ``Trajectory.to_dict`` raise RecursionError and lost
+results.jsonl; deep JSON escaped ``parse``; a million unclosed openers made parsing quadratic. Each
+format gets 10,000 generated hostile outputs through its parser and the trajectory writer here
+(seconds); a slow-marked soak runs 100,000. Parse speed itself is a benchmark
+(benchmarks/parse_worst_case.py), not a timed test.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from chat_fixtures import build_tiny_tokenizer
+
+from agentrl.chat import ChatFormat, ParsedResponse, available_parsers, get_chat_format, get_parser
+from agentrl.chat.fuzz import hostile_outputs
+from agentrl.chat.parsers.base import MAX_CALLS
+from agentrl.chat.parsers.calls import MAX_DEPTH
+from agentrl.trajectory import Sample, Trajectory, Turn, read_jsonl, write_jsonl
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+    "a": {"type": "integer"}, "s": {"type": "string"}}}}}]  # fmt: skip
+
+
+def check(result: Any) -> None:
+    """What every parse result must be, whatever the input."""
+    assert isinstance(result, ParsedResponse)
+    assert isinstance(result.content, str)
+    assert result.reasoning is None or isinstance(result.reasoning, str)
+    assert len(result.tool_calls) <= MAX_CALLS
+    for call in result.tool_calls:
+        assert isinstance(call.name, str) and call.name
+        assert call.arguments is None or isinstance(call.arguments, dict)
+    for issue in result.issues:
+        assert isinstance(issue.kind, str) and isinstance(issue.detail, str)
+
+
+def fuzz_format(name: str, count: int, tmp_path: Path, seed: int = 0, max_pieces: int = 24) -> None:
+    parser = get_parser(name)
+    turns: list[Turn] = []
+    for k, text in enumerate(hostile_outputs(name, count, seed=seed, max_pieces=max_pieces)):
+        result = parser.parse_with_tools(text, TOOLS) if k % 2 else parser.parse(text)
+        check(result)
+        message = result.to_message()
+        json.dumps(message)  # what the engine hands to templates and the writer must be plain JSON
+        turns.append(Turn(k, message, 1, "stop", parse_issues=[{"kind": i.kind, "detail": i.detail} for i in result.issues]))
+    trajectories = [
+        Trajectory(task={"i": i}, seed=i, samples=[Sample([1], [2], [1], [0.0])], turns=turns[i : i + 200],
+                   messages=[t.message for t in turns[i : i + 200]])  # fmt: skip
+        for i in range(0, len(turns), 200)
+    ]
+    path = tmp_path / f"{name}.jsonl"
+    write_jsonl(trajectories, path)
+    back = read_jsonl(path)
+    assert sum(len(t.turns) for t in back) == count
+
+
+@pytest.mark.parametrize("name", available_parsers())
+def test_ten_thousand_hostile_outputs_per_format(name: str, tmp_path: Path) -> None:
+    fuzz_format(name, 10_000, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", available_parsers())
+def test_soak_hundred_thousand_hostile_outputs(name: str, tmp_path: Path) -> None:
+    fuzz_format(name, 100_000, tmp_path, seed=1, max_pieces=60)
+
+
+def test_fuzz_outputs_really_are_hostile() -> None:
+    """The generator must reach the deep-nesting and many-tags paths, or the fuzz proves little."""
+    texts = hostile_outputs("hermes", 2_000)
+    assert any("[" * 1000 in t or '{"a":' * 1000 in t for t in texts)
+    assert sum(t.count("<tool_call>") > 20 for t in texts) > 100
+    assert len({t for t in texts}) > 1_900
+
+
+DEEP_CALLS = {
+    "hermes": "<tool_call>" + '{"name": "f", "arguments": {"a": ' + "[" * 500 + "]" * 500 + "}}</tool_call>",
+    "qwen3": "<tool_call>" + '{"name": "f", "arguments": {"a": ' + "[" * 500 + "]" * 500 + "}}</tool_call>",
+    "llama3": '{"name": "f", "parameters": {"a": ' + "[" * 500 + "]" * 500 + "}}",
+    "mistral": '[TOOL_CALLS][{"name": "f", "arguments": {"a": ' + "[" * 500 + "]" * 500 + "}}]",
+    "deepseek_v3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"a\": "
+    + "[" * 500 + "]" * 500 + "}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    "gpt_oss": "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": " + "[" * 500 + "]" * 500 + "}",
+    "qwen3_xml": "<tool_call>\n<function=f>\n<parameter=a>\n" + "[" * 500 + "]" * 500 + "\n</parameter>\n</function>\n</tool_call>",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP_CALLS))
+@pytest.mark.parametrize("depth", [500, 5_000])
+def test_deep_json_is_an_issue_not_an_exception(name: str, depth: int) -> None:
+    text = DEEP_CALLS[name].replace("[" * 500 + "]" * 500, "[" * depth + "]" * depth)
+    result = get_parser(name).parse_with_tools(text, TOOLS)
+    check(result)
+    assert result.issues, "a call nested past the depth limit must be reported"
+    for call in result.tool_calls:
+        assert call.arguments is None or json.dumps(call.arguments).count("[") <= MAX_DEPTH
+
+
+def test_nesting_within_the_limit_is_kept() -> None:
+    nested = "[" * (MAX_DEPTH - 3) + "]" * (MAX_DEPTH - 3)
+    result = get_parser("hermes").parse('<tool_call>{"name": "f", "arguments": {"a": ' + nested + "}}</tool_call>")
+    assert not result.issues and json.dumps(result.tool_calls[0].arguments["a"]) == nested
+
+
+def test_deep_trajectory_round_trips_through_the_writer(tmp_path: Path) -> None:
+    """The issue-17 crash: 500 (here 5,000) nested lists in a message, a task and a tool record."""
+    deep: Any = []
+    for _ in range(5_000):
+        deep = [deep]
+    traj = Trajectory(
+        task={"question": "q", "deep": deep}, seed=3, samples=[Sample([1, 2], [3, 4], [1, 0], [-0.5, 0.0])],
+        messages=[{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": deep}}}]}],
+        turns=[Turn(0, {"role": "assistant", "content": "x"}, 2, "stop", tool_records=[{"result": deep}])], reward=1.0,
+    )  # fmt: skip
+    path = tmp_path / "results.jsonl"
+    write_jsonl([traj], path)
+    (back,) = read_jsonl(path)
+    assert back.samples == traj.samples and back.reward == 1.0 and back.turns[0].num_sampled == 2
+    # Deep values are kept as their JSON text below the depth limit: nothing is lost.
+    level: Any = back.task["deep"]
+    depth = 0
+    while isinstance(level, list):
+        level, depth = level[0], depth + 1
+    assert isinstance(level, str) and depth + level.count("[") == 5_001
+
+
+def test_shallow_trajectory_serialises_as_before() -> None:
+    from dataclasses import asdict
+
+    traj = Trajectory(task={"q": 1, "t": (1, 2)}, seed=None, samples=[Sample([1], [2], [1], [0.1])],
+                      turns=[Turn(0, {"role": "assistant"}, 1, "stop")], rewards={"a": 1.0})  # fmt: skip
+    expected = asdict(traj)
+    expected["task"]["t"] = [1, 2]  # JSON has no tuples
+    assert traj.to_dict() == expected
+
+
+@pytest.mark.parametrize("name", ["hermes", "qwen3", "qwen3_xml", "llama3", "mistral", "deepseek_v3", "gpt_oss"])
+def test_a_million_openers_are_capped(name: str) -> None:
+    one = {
+        "hermes": '<tool_call>{"name": "f", "arguments": {}}</tool_call>', "qwen3": '<tool_call>{"name": "f"}</tool_call>',
+        "qwen3_xml": "<tool_call><function=f></function></tool_call>", "llama3": '{"name": "f", "parameters": {}};',
+        "mistral": "[TOOL_CALLS]f[ARGS]{}", "deepseek_v3": "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}<｜tool▁call▁end｜>",
+        "gpt_oss": "<|start|>assistant<|channel|>commentary to=functions.f<|message|>{}<|end|>",
+    }[name]  # fmt: skip
+    prefix = "<｜tool▁calls▁begin｜>" if name == "deepseek_v3" else ""
+    result = get_parser(name).parse(prefix + one * 20_000)
+    check(result)
+    assert len(result.tool_calls) == MAX_CALLS
+    assert "too_many_calls" in {i.kind for i in result.issues}
+
+
+class _ThreadRecordingParser:
+    """Wraps a real parser and records which thread parsed."""
+
+    def __init__(self) -> None:
+        self.inner = get_parser("hermes")
+        self.name = "hermes"
+        self.threads: list[int] = []
+
+    def parse(self, text: str) -> ParsedResponse:
+        self.threads.append(threading.get_ident())
+        return self.inner.parse(text)
+
+    def parse_with_tools(self, text: str, tools: Any) -> ParsedResponse:
+        return self.parse(text)
+
+
+def test_aparse_moves_long_outputs_off_the_event_loop(tmp_path: Path) -> None:
+    tok = build_tiny_tokenizer(tmp_path / "tok")
+    fmt = get_chat_format(tok, "hermes")
+    recorder = _ThreadRecordingParser()
+    fmt.parser = recorder  # type: ignore[assignment]
+    eot = fmt.eot_token_ids[:1]
+    short = fmt.encode('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>') + eot
+    long = fmt.encode("<tool_call>{" * 4_000) + eot
+
+    async def run() -> tuple[ParsedResponse, ParsedResponse, int]:
+        return await fmt.aparse(short), await fmt.aparse(long), threading.get_ident()
+
+    a, b, loop_thread = anyio.run(run)
+    assert recorder.threads[0] == loop_thread and recorder.threads[1] != loop_thread
+    assert a.tool_calls[0].arguments == {"a": 1}
+    plain_result = fmt.parse(long)
+    assert [i.kind for i in b.issues] == [i.kind for i in plain_result.issues] and b.content == plain_result.content
+
+
+def test_chat_format_parse_never_raises_on_hostile_ids(tmp_path: Path) -> None:
+    tok = build_tiny_tokenizer(tmp_path / "tok")
+    fmt: ChatFormat = get_chat_format(tok, "qwen3")
+    for text in hostile_outputs("qwen3", 300, seed=5):
+        check(fmt.parse(fmt.encode(text) + fmt.eot_token_ids[:1], TOOLS))

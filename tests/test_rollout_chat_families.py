@@ -1,0 +1,86 @@
+"""The Qwen3 thinking rollout acceptance test, on Qwen3.5's real template and on Llama 3.1's.
+
+Same set-up as tests/test_rollout_qwen3_thinking.py (a tiny random model restricted to a dozen
+tokens, run by the real generator inside the real engine, an environment answering with tool
+results and new user questions in turn), and the same independent re-proof of every bridge: no
+silent break, every unproven bridge a counted split that restarts from a fresh render.
+
+* Qwen3.5 (TRL's ``qwen3_5_think.jinja`` on Qwen3's tokenizer) prompts with ``<think>\\n``, so each
+  output starts inside the reasoning. Its own template drops the reasoning of turns before the
+  last user question, so a new question cannot be bridged (counted splits), a tool result can;
+  the training template derived from it (every turn keeps its reasoning) proves every bridge.
+* Llama 3.1 (TRL's ``llama3_1.jinja`` on the Llama 3.1 tokenizer) is the non-Qwen family: tool
+  results are ``ipython`` turns and every bridge is provable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from chat_fixtures import load_asset_tokenizer, trl_template
+from test_rollout_qwen3_thinking import RestrictedHead, check_no_silent_break, rollout
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from agentrl.chat import get_chat_format
+from agentrl.rollout import rollout_metrics
+
+# Tokens the random model may write, per family (the end of turn twice: turns end often enough).
+WORDS = ["\n", "\n\n", "Hello", " world", " sum", " 42", "."]
+FAMILIES = {
+    "qwen3_5": ("qwen3", ["<think>", "</think>", "<tool_call>", "<|im_end|>", "<|im_end|>", *WORDS]),
+    "llama3_1": ("llama3", ["<|python_tag|>", "{", "<|eot_id|>", "<|eot_id|>", *WORDS]),
+}
+
+
+def tiny_model(tokenizer: Any, allowed_tokens: list[str]) -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=1, num_key_value_heads=1, head_dim=32, tie_word_embeddings=False,
+        max_position_embeddings=2048,
+    )  # fmt: skip
+    model = Qwen3ForCausalLM(config).eval()
+    vocab = tokenizer.get_vocab()
+    allowed = sorted({vocab[t] if t in vocab else tokenizer.encode(t, add_special_tokens=False)[0] for t in allowed_tokens})
+    model.lm_head = RestrictedHead(model.lm_head, allowed)
+    return model
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request: pytest.FixtureRequest) -> tuple[str, Any, Qwen3ForCausalLM]:
+    asset, allowed = FAMILIES[request.param]
+    tok = load_asset_tokenizer(asset)
+    tok.chat_template = trl_template({"qwen3_5": "qwen3_5_think", "llama3_1": "llama3_1"}[request.param])
+    if tok.pad_token_id is None:  # Llama ships none; the generator pads batches with it
+        tok.pad_token = "<|finetune_right_pad_id|>"
+    return request.param, tok, tiny_model(tok, allowed)
+
+
+def test_bridges_proven_and_no_silent_break(family: tuple[str, Any, Qwen3ForCausalLM]) -> None:
+    name, tok, model = family
+    fmt = get_chat_format(tok)
+    assert fmt.name == {"qwen3_5": "qwen3_xml", "llama3_1": "llama3"}[name]
+    assert fmt.template_source.startswith("training template derived" if name == "qwen3_5" else "tokenizer")
+    trajs = rollout(fmt, model)
+    proven, split = check_no_silent_break(fmt, trajs)
+    metrics = rollout_metrics(trajs)
+    assert metrics["bridges/proven"] == proven and metrics["prefix_splits"] == split == 0
+    assert proven >= 3 * len(trajs)
+    if name == "qwen3_5":
+        texts = [fmt.decode(s.completion_ids) for t in trajs for s in t.samples]
+        assert sum(x.count("</think>") for x in texts) >= len(trajs)  # outputs did close reasoning
+
+
+def test_qwen35_original_template_splits_and_counts(family: tuple[str, Any, Qwen3ForCausalLM]) -> None:
+    """Qwen3.5's own template: tool results are bridged, each new question is a counted split."""
+    name, tok, model = family
+    if name != "qwen3_5":
+        pytest.skip("Llama 3.1's own template is prefix-preserving (above)")
+    fmt = get_chat_format(tok, training_template=False)
+    assert fmt.template_source == "tokenizer"
+    trajs = rollout(fmt, model)
+    proven, split = check_no_silent_break(fmt, trajs)
+    metrics = rollout_metrics(trajs)
+    assert metrics["bridges/proven"] == proven >= len(trajs) and metrics["prefix_splits"] == split >= len(trajs)
