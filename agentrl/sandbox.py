@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -156,7 +157,7 @@ class Sandbox:
         base = config or SandboxConfig()
         self.config = SandboxConfig(**{**base.__dict__, **overrides}) if overrides else base
         self._choice: tuple[str, str] | None = None
-        self._semaphores: dict[int, asyncio.Semaphore] = {}
+        self._semaphores: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
     # -- backend selection ----------------------------------------------------------------------
 
@@ -208,9 +209,9 @@ class Sandbox:
 
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
-        sem = self._semaphores.get(id(loop))
+        sem = self._semaphores.get(loop)
         if sem is None:
-            sem = self._semaphores[id(loop)] = asyncio.Semaphore(self.config.max_concurrency)
+            sem = self._semaphores[loop] = asyncio.Semaphore(self.config.max_concurrency)
         return sem
 
     async def _execute(self, command: list[str], workdir: Path, stdin: str, backend: str) -> SandboxResult:

@@ -262,6 +262,21 @@ async def _append(results: list[str], fn) -> None:  # type: ignore[no-untyped-de
     results.append(await fn())
 
 
+def test_concurrency_is_capped_per_event_loop() -> None:
+    """max_concurrency=2: four 1-second runs take two rounds, in every new event loop alike."""
+    sandbox = Sandbox(timeout_s=10, max_concurrency=2)
+
+    async def go() -> float:
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(sandbox.run_python, "import time\ntime.sleep(1)")
+        return time.perf_counter() - start
+
+    for _ in range(2):
+        assert anyio.run(go) >= 2.0
+
+
 def test_cancelling_a_run_kills_it() -> None:
     """A caller that gives up (dispatch's own timeout) leaves no process behind."""
     sandbox = Sandbox(timeout_s=60)
