@@ -21,7 +21,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from agentrl.env import EnvError, Message, Reward, StepResult, ToolEnvironment, score
+from agentrl.env import Message, Reward, StepResult, ToolEnvironment, score
 from agentrl.tool import Tool, ToolError
 
 SPLIT_SEEDS = {"train": 21, "test": 22}
@@ -282,4 +282,4 @@ def scripted_move(task: dict[str, Any], state: dict[str, Any]) -> str | None:
     return path[0]
 
 
-__all__ = ["Board", "EnvError", "SokobanEnv", "generate_level", "scripted_move", "solve"]
+__all__ = ["Board", "SokobanEnv", "generate_level", "scripted_move", "solve"]

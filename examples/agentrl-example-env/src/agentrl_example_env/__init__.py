@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from datasets import Dataset
@@ -29,9 +30,9 @@ def convert(value: float, from_unit: str, to_unit: str) -> str:
 
 
 def correct(completion: str, answer: str) -> float:
-    """1.0 when the final message ends with the right number."""
-    words = completion.replace(".", " ").split() if completion else []
-    return float(answer in completion.split()) if words else 0.0
+    """1.0 when the last number of the final message is the answer."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", completion or "")
+    return float(bool(numbers) and float(numbers[-1]) == float(answer))
 
 
 class UnitConvertEnv(ToolEnvironment):
