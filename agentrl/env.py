@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentrl.chat.types import ParsedResponse
-from agentrl.dispatch import ToolRecord, dispatch
+from agentrl.dispatch import ToolRecord
+from agentrl.replay import run_tools
 from agentrl.tool import Tool, as_tool
 
 Message = dict[str, Any]
@@ -302,7 +303,7 @@ class ToolEnvironment(Environment):
         if calls:
             tool_map = {t.tool_name: t for t in self.tools}
             injected = {"state": ep["state"], "task": ep["task"], "env": self}
-            for result in await dispatch(calls, tool_map, injected):
+            for result in await run_tools(calls, tool_map, injected, ep["task"], ep["messages"]):  # recorded/replayed when a tape is active
                 new_messages.append(result.message)
                 records.append(result.record)
             ep["messages"].extend(copy.deepcopy(new_messages))

@@ -17,6 +17,9 @@ ENTRY_POINT_GROUP = "agentrl.environments"
 
 _REGISTRY: dict[str, str | Callable[..., Any]] = {
     "calculator": "agentrl.environments.calculator:CalculatorEnv",
+    "math_python": "agentrl.environments.math_python:MathPythonEnv",
+    "sokoban": "agentrl.environments.sokoban:SokobanEnv",
+    "search": "agentrl.environments.search:SearchEnv",
 }
 
 

@@ -1,0 +1,40 @@
+"""The ``python`` tool: run model-written Python in ``agentrl.sandbox`` and show what it printed.
+
+Each call is a fresh interpreter (standard library only) in a fresh private working directory, so
+calls do not share state: the model prints what it wants to see. Program errors come back as the
+traceback; a limit (time, memory, processes, output) comes back as one plain sentence naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.sandbox import Sandbox, SandboxConfig
+from agentrl.tool import Tool
+
+
+class PythonTool(Tool):
+    """Runs Python code in the sandbox; ``sandbox`` or ``SandboxConfig`` keyword arguments configure it."""
+
+    name = "python"
+
+    def __init__(self, sandbox: Sandbox | None = None, **config: Any) -> None:
+        if sandbox is not None and config:
+            raise ValueError("pass either a Sandbox or SandboxConfig options, not both")
+        self.sandbox = sandbox or Sandbox(SandboxConfig(**config))
+        c = self.sandbox.config
+        # The sandbox enforces its own limits; dispatch's timeout is only a backstop above them.
+        self.timeout = c.timeout_s + 10.0
+        self.max_output_chars = c.max_output_bytes + 400
+        self.max_concurrency = max(c.max_concurrency * 8, 32)
+        if c.require_isolation:
+            self.sandbox.check()  # refuse at construction, not at the first call
+
+    async def run(self, code: str) -> str:
+        """Run a Python program and return what it prints (stdout, then stderr).
+
+        Args:
+            code: A complete Python program. Use print() to show results.
+        """
+        result = await self.sandbox.run_python(code)
+        return result.message(self.sandbox.config.timeout_s, self.sandbox.config.memory_mb)
