@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything README's test command needs, on a fresh Debian machine: the system packages the tests
-# use (python3-venv, npm for the offline test tokenizers, chromium for the viewer's browser test),
+# use (python3-venv, npm for the offline test tokenizers, chromium for the viewer's browser test,
+# bubblewrap for the sandbox),
 # installed with apt only when missing; then the virtual environment (.venv, or $VENV) with the
 # pinned CPU torch, agentrl with its test extras, and the offline test tokenizers.
 set -euo pipefail
@@ -9,6 +10,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
 command -v npm >/dev/null || missing+=(npm)
+command -v bwrap >/dev/null || missing+=(bubblewrap)  # agentrl.sandbox isolation (tests/test_sandbox.py)
 python3 -c "import ensurepip" 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup_test_machine: installing ${missing[*]} with apt"
