@@ -122,7 +122,7 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         f"rollout.max_completion_tokens={N}", f"rollout.max_context={N + 128}", "rollout.max_turns=1",
         f"output_dir={out}", "samples_per_log=0", "save_final=false", "eval_every=0",
         f"precision={'fp32' if cpu else 'bf16'}", f"gradient_checkpointing={'false' if cpu else 'true'}",
-        f'extra_rewards=[{{"fn": "{HERE}:digits"}}]', *([] if cpu else ["generator.cuda_graphs=true", "generator.compile_decode=true"]),
+        # the environment already scores digits (an extra reward of the same name is refused)
     ]
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # experiments: extra key=value overrides
     if torch.cuda.is_available():

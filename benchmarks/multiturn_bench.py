@@ -125,7 +125,7 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         f"rollout.max_completion_tokens={MAX_COMPLETION}", "rollout.max_context=1536", "rollout.max_turns=6",
         f"output_dir={tempfile.mkdtemp(prefix='agentrl-mt-')}", f"samples_per_log={8 if os.environ.get('AGENTRL_MT_SAMPLES') else 0}", "save_final=false",
         "logprob_chunk_size=256",
-        *(["precision=bf16", "gradient_checkpointing=true", "generator.cuda_graphs=true", "generator.compile_decode=true"] if torch.cuda.is_available() else ["precision=fp32"]),
+        *(["precision=bf16", "gradient_checkpointing=true"] if torch.cuda.is_available() else ["precision=fp32"]),  # decoder: defaults
     ]
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # e.g. optimizer_offload=true
     if torch.cuda.is_available():

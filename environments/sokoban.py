@@ -21,7 +21,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from agentrl.env import Message, Reward, StepResult, ToolEnvironment, score
+from agentrl.env import Message, Reward, StepResult, ToolEnvironment
 from agentrl.tool import Tool, ToolError
 
 SPLIT_SEEDS = {"train": 21, "test": 22}
@@ -255,7 +255,7 @@ class SokobanEnv(ToolEnvironment):
         if ep is not None and not (terminated or truncated) and solved(ep["state"]):
             # Solving ends the episode: score the episode rewards now, through the one reward path.
             ep["done"] = True
-            extra, components = await score(self.rewards, self._reward_context(ep), per_turn=False, episode=True)
+            extra, components = await self.score(per_turn=False, episode=True)
             reward += extra
             info["rewards"].update(components)
             terminated = True

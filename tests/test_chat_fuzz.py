@@ -110,14 +110,15 @@ def test_nesting_within_the_limit_is_kept() -> None:
 
 
 def test_deep_trajectory_round_trips_through_the_writer(tmp_path: Path) -> None:
-    """The issue-17 crash: 500 (here 5,000) nested lists in a message, a task and a tool record."""
+    """The issue-17 crash: 500 (here 5,000) nested lists in a message, a task and a turn's message."""
     deep: Any = []
     for _ in range(5_000):
         deep = [deep]
     traj = Trajectory(
         task={"question": "q", "deep": deep}, seed=3, samples=[Sample([1, 2], [3, 4], [1, 0], [-0.5, 0.0])],
         messages=[{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": deep}}}]}],
-        turns=[Turn(0, {"role": "assistant", "content": "x"}, 2, "stop", tool_records=[{"result": deep}])], reward=1.0,
+        turns=[Turn(0, {"role": "assistant", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": {"a": deep}}}]}, 2, "stop")],
+        reward=1.0,
     )  # fmt: skip
     path = tmp_path / "results.jsonl"
     write_jsonl([traj], path)

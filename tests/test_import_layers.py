@@ -22,10 +22,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["agentrl.strict", "agentrl.loading", "agentrl.models", "agentrl.bundled", "agentrl.logprobs",
                     "agentrl.losses", "agentrl.checkpoint", "agentrl.optim_offload", "agentrl.plot", "agentrl.config_help",
                     "agentrl.reference"]),
-    ("tools and chat formats", ["agentrl.tool", "agentrl.tool_threads", "agentrl.dispatch", "agentrl.chat"]),
+    ("tools and chat formats", ["agentrl.tool", "agentrl.tool_threads", "agentrl.sandbox", "agentrl.replay", "agentrl.dispatch", "agentrl.chat"]),
     ("environments", ["agentrl.trajectory", "agentrl.env", "agentrl.sync", "agentrl.registry", "agentrl.check", "agentrl.tools", "agentrl.environments"]),
     ("generators", ["agentrl.generators"]),
-    ("rollout", ["agentrl.rollout", "agentrl.evaluation", "agentrl.observe"]),
+    ("rollout", ["agentrl.rollout", "agentrl.rewards", "agentrl.evaluation", "agentrl.observe"]),
     ("config", ["agentrl.config", "agentrl.train_config", "agentrl.validate"]),
     ("commands", ["agentrl.trainer", "agentrl.batch", "agentrl.learner", "agentrl.train_setup", "agentrl.train_state", "agentrl.curve", "agentrl.doctor", "agentrl.viewer", "agentrl.viewer_html", "agentrl.viewer_cli",
                   "agentrl.generators.vllm_serve"]),
@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, list[str]]] = [
 ]
 # Environments and tools know nothing of tokens, models or training: only these (and each other).
 ENV_SIDE = ("agentrl.environments", "agentrl.tools")
-ENV_SIDE_MAY_IMPORT = ("agentrl.env", "agentrl.tool", "agentrl.dispatch", "agentrl.chat.types", "agentrl.strict", "agentrl.sync", *ENV_SIDE)
+ENV_SIDE_MAY_IMPORT = ("agentrl.env", "agentrl.tool", "agentrl.dispatch", "agentrl.chat.types", "agentrl.strict", "agentrl.sync", "agentrl.sandbox", *ENV_SIDE)
 
 
 def modules() -> dict[str, Path]:

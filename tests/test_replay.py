@@ -15,7 +15,7 @@ import torch
 from agentrl import ToolEnvironment, tool
 from agentrl.chat import get_chat_format
 from agentrl.environments.calculator import CalculatorEnv, correct
-from agentrl.generators.base import SamplingParams
+from agentrl.generators.base import SamplingConfig
 from agentrl.generators.transformers import TransformersGenerator
 from agentrl.models import load_model, load_tokenizer
 from agentrl.replay import REPLAY_ENV, ReplayMiss, ToolTape, record_tools, replay_tools
@@ -67,7 +67,7 @@ def parts() -> tuple[Any, Any]:
 def rollout(parts: tuple[Any, Any], env: ToolEnvironment) -> list[Any]:
     model, fmt = parts
     gen = TransformersGenerator(model, pad_token_id=fmt.tokenizer.pad_token_id, gather_window_s=0.002)
-    engine = RolloutEngine(gen, fmt, RolloutConfig(sampling=SamplingParams(temperature=1.0, seed=7), max_tokens_per_turn=64))
+    engine = RolloutEngine(gen, fmt, RolloutConfig(max_tokens_per_turn=64), SamplingConfig(temperature=1.0, seed=7))
     tasks = [dict(t) for t in env.dataset("test")]
 
     async def main() -> list[Any]:
