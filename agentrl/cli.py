@@ -97,6 +97,7 @@ def cmd_train(args: list[str]) -> int:
     """``Trainer`` with the command line's keys: the same thing ``Trainer(**keys).train()`` does."""
     from agentrl.batch import EmptyBatchError
     from agentrl.config import build, parse_overrides
+    from agentrl.distributed import DistributedError
     from agentrl.train_config import TrainConfig
     from agentrl.trainer import Trainer
     from agentrl.validate import preflight_train
@@ -106,7 +107,7 @@ def cmd_train(args: list[str]) -> int:
         preflight_train(cfg)
         trainer = Trainer(cfg)
         trainer.train()
-    except EmptyBatchError as exc:  # every episode failed: the cause, in one line
+    except (EmptyBatchError, DistributedError) as exc:  # every episode failed / a peer rank died: the cause, in one line
         print(f"agentrl train: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C: the step was abandoned
@@ -114,7 +115,9 @@ def cmd_train(args: list[str]) -> int:
         return 130
     if trainer.interrupted:
         return 130
-    history = trainer.history
+    if not trainer.is_main:  # data parallel: rank 0 reports
+        return 0
+    history = [h for h in trainer.history if "reward/mean" in h]  # not the step-0 eval record of eval_every
     if history:
         first, last = history[0], history[-1]
         k = min(5, len(history))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from agentrl.batch import Batch
+from agentrl.distributed import average_gradients, learner_rows, mean_over_ranks
 from agentrl.logprobs import completion_logprobs
 from agentrl.losses import LossConfig, StepCounts, local_counts, policy_loss
 from agentrl.reference import Reference
@@ -44,21 +45,27 @@ class Learner:
     def __init__(self, accelerator: Any, policy: Any, optimizer: Any, scheduler: Any, reference: Reference, loss: LossConfig, settings: LearnSettings) -> None:
         self.accelerator, self.policy, self.optimizer, self.scheduler = accelerator, policy, optimizer, scheduler
         self.reference, self.loss, self.settings = reference, loss, settings
+        # the module the log-prob path runs. Under data parallel the policy is DDP-wrapped, but
+        # completion_logprobs calls the decoder and the head directly, never DDP's forward, so DDP's
+        # hooks stay idle and the gradients are averaged here, once per step (average_gradients)
+        self.model = policy if accelerator.num_processes == 1 else accelerator.unwrap_model(policy, keep_fp32_wrapper=True)
 
     def learn(self, batch: Batch, step: int) -> Iterator[dict[str, Any]]:
         """Yield one metrics dict per optimizer step taken on ``batch`` (``step``: steps taken before)."""
         s = self.settings
         self.policy.train()
         B = len(batch)
+        # with several ranks each trains on its part of every step's rows (agentrl.distributed)
+        chunks = learner_rows(B, s.steps_per_generation, self.accelerator.process_index, self.accelerator.num_processes)
+        mine = torch.cat(chunks)
         reuse = s.num_iterations > 1 or s.steps_per_generation > 1
-        old = self._no_grad_logprobs(self.policy, batch) if reuse else None
+        old = self._no_grad_logprobs(self.model, batch, mine) if reuse else None
         ref = None
         if self.reference.enabled:
             with self.reference.active() as ref_model:
-                ref = self._no_grad_logprobs(ref_model, batch)
+                ref = self._no_grad_logprobs(ref_model, batch, mine)
         if old is not None:
-            _keep_trainer_logprobs(batch, torch.arange(B), old)
-        chunks = torch.arange(B).chunk(s.steps_per_generation)
+            _keep_trainer_logprobs(batch, mine, old[mine])
         for _ in range(s.num_iterations):
             for chunk in chunks:
                 if len(chunk) == 0:
@@ -78,12 +85,12 @@ class Learner:
             )
         return out, keep
 
-    def _no_grad_logprobs(self, model: Any, batch: Batch) -> torch.Tensor:
+    def _no_grad_logprobs(self, model: Any, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
+        """[B, C] log-probs of ``rows`` (this rank's rows; the others stay 0)."""
         B, C = batch.loss_mask.shape
         out = torch.zeros((B, C))
         with torch.no_grad():
-            for start in range(0, B, self.settings.micro_batch_size):
-                idx = torch.arange(start, min(B, start + self.settings.micro_batch_size))
+            for idx in rows.split(self.settings.micro_batch_size):
                 lp, keep = self._logprobs(model, batch, idx)
                 out[idx, :keep] = lp.float().cpu()
         return out
@@ -105,7 +112,7 @@ class Learner:
         sums: dict[str, float] = {}
         trained_tokens = 0
         for idx in micro:
-            (lp, ent), keep = self._logprobs(self.policy, batch, idx, entropy=True)
+            (lp, ent), keep = self._logprobs(self.model, batch, idx, entropy=True)
             if old is None:  # a single pass: these are the logprobs under the sampling weights
                 _keep_trainer_logprobs(batch, idx, lp)
             loss, m = self._loss(batch, idx, keep, lp, ent, old, ref, counts, truncated)
@@ -113,6 +120,8 @@ class Learner:
             trained_tokens += int(batch.loss_mask[idx].sum())
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v / len(micro))  # loss shares add up
+        if self.accelerator.num_processes > 1:  # each rank's loss is its share x num_processes: the mean is the step's gradient
+            average_gradients(self.model.parameters(), self.accelerator.num_processes)
         # max_norm inf: the total norm without clipping, for the finiteness check below
         limit = s.max_grad_norm if s.max_grad_norm is not None else math.inf
         grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), limit))
@@ -126,6 +135,8 @@ class Learner:
         if s.ref_mix_alpha is not None and step % s.ref_mix_every == 0:
             self.reference.mix(s.ref_mix_alpha)
         train_s = time.perf_counter() - t0
+        if self.accelerator.num_processes > 1:  # each rank saw its rows: the mean over ranks (loss: their sum of shares)
+            sums = mean_over_ranks(self.accelerator, sums)
         out = {f"loss/{k}": v for k, v in sums.items()}
         out.update({"lr": self.scheduler.get_last_lr()[0], "perf/train_s": train_s, "perf/trained_tokens_per_s": trained_tokens / train_s})
         out["train/skipped_nonfinite"] = float(skipped)

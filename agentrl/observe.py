@@ -36,7 +36,8 @@ class RunLog:
         self.accelerator = accelerator
         self.metrics_path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
-        self.live = sys.stdout.isatty() if live is None else live
+        self.enabled = bool(getattr(accelerator, "is_main_process", True))  # data parallel: rank 0 writes
+        self.live = self.enabled and (sys.stdout.isatty() if live is None else live)
         self._rich: Any = None
         self._rows: list[list[str]] = []
         self.start = time.time()
@@ -54,6 +55,8 @@ class RunLog:
             self._rich.stop()
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
         record = {"step": step, "time": round(time.time() - self.start, 2), **metrics}
         with open(self.metrics_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=float) + "\n")
@@ -69,6 +72,8 @@ class RunLog:
     def samples(self, step: int, trajectories: list[Trajectory], decode: Any) -> None:
         """Keep a few whole trajectories per log step (the Trajectory record, so ``agentrl view``
         can show their tokens), plus the model-visible text of each sample."""
+        if not self.enabled:
+            return
         with open(self.samples_path, "a", encoding="utf-8") as f:
             for t in trajectories:
                 text = [decode(s.ids) for s in t.samples]

@@ -90,6 +90,11 @@ class TrainConfig(Strict):
     save_final: bool = Field(True, description="checkpoint after the last step")
     keep_checkpoints: int | None = Field(2, ge=1, description="newest checkpoints kept (null: all)")
 
+    # several processes (torchrun / accelerate launch; docs/distributed.md)
+    distributed_timeout_s: float = Field(
+        1800.0, gt=0, description="a collective waiting longer than this on a dead or stalled rank fails with an error instead of hanging; it must cover the slowest rank's rollout of one step"
+    )
+
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.sampling.temperature == 0:

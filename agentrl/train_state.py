@@ -44,24 +44,31 @@ class TrainState:
             self.data_pos += 1
         return out
 
-    def to_dict(self, policy_kind: str) -> dict[str, Any]:
+    def to_dict(self, policy_kind: str, world_size: int = 1) -> dict[str, Any]:
         state = asdict(self)
         state.pop("seed")
-        return {**state, "policy_kind": policy_kind}
+        return {**state, "policy_kind": policy_kind, "world_size": world_size}
 
 
-def save_run(run_dir: Path, state: TrainState, policy_kind: str, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, keep: int | None) -> Path:
+def save_run(
+    run_dir: Path, state: TrainState, policy_kind: str, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, keep: int | None, world_size: int = 1
+) -> Path:
     """Checkpoint the run at its current step, keeping the newest ``keep`` checkpoints."""
     path = checkpoint_dir(run_dir, state.step)
-    save_checkpoint(path, model, tokenizer, optimizer, scheduler, state.to_dict(policy_kind))
+    save_checkpoint(path, model, tokenizer, optimizer, scheduler, state.to_dict(policy_kind, world_size))
     prune_checkpoints(run_dir, keep)  # this run's own checkpoints, by step number (never another run's)
     return path
 
 
-def resume_run(resume: str, run_dir: Path, state: TrainState, model: Any, optimizer: Any, scheduler: Any) -> Path:
-    """Load the checkpoint ``resume`` names into the model, optimizer, scheduler, RNG and ``state``."""
+def resume_run(resume: str, run_dir: Path, state: TrainState, model: Any, optimizer: Any, scheduler: Any) -> tuple[Path, int]:
+    """Load the checkpoint ``resume`` names into the model, optimizer, scheduler, RNG and ``state``;
+    returns its folder and the number of processes that wrote it.
+
+    Any world size may resume any checkpoint: the generation batch, the data order and the
+    optimizer state are global (every rank holds the same), so the run continues as it would have
+    at the old size, up to float noise in the rollouts (docs/distributed.md)."""
     path = resolve_resume(resume, run_dir)
     saved = load_checkpoint(path, model, optimizer, scheduler)
     state.step, state.data_pos, state.epoch = saved["step"], saved["data_pos"], saved["epoch"]
     state.order, state.history = saved["order"], saved["history"]
-    return path
+    return path, int(saved.get("world_size", 1))

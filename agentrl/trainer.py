@@ -34,6 +34,7 @@ from agentrl.batch import Batch, build_batch
 from agentrl.checkpoint import open_run
 from agentrl.config import ConfigError, build, parse_overrides, require_backend
 from agentrl.curve import write_reward_curve
+from agentrl.distributed import accelerator_handlers, any_rank, gather, peer_failures, share
 from agentrl.env import Environment
 from agentrl.generators import WeightUpdate, build_generator, run_with
 from agentrl.learner import Learner, LearnSettings
@@ -76,12 +77,18 @@ class Trainer:
         require_backend(cfg.generator)
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}")
-        open_run(self.run_dir, cfg.resume)  # refuses another run's folder; on resume, cuts logs back
-        (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
 
         cuda = torch.cuda.is_available()
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
-        self.accelerator = Accelerator(mixed_precision="bf16" if bf16 else "no", log_with=list(cfg.report_to) or None, project_dir=str(self.run_dir))
+        # cpu=True without CUDA: under torchrun/accelerate launch that is gloo data parallel (else one process)
+        self.accelerator = Accelerator(
+            cpu=not cuda, mixed_precision="bf16" if bf16 else "no", log_with=list(cfg.report_to) or None, project_dir=str(self.run_dir),
+            kwargs_handlers=accelerator_handlers(cfg.distributed_timeout_s),
+        )
+        self.is_main = self.accelerator.is_main_process  # rank 0 alone writes logs, samples, checkpoints, the curve
+        if self.is_main:  # claims the folder: refuses another run's; on resume, cuts the logs back
+            open_run(self.run_dir, cfg.resume)
+            (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
         if cfg.report_to:
             self.accelerator.init_trackers("agentrl", config=json.loads(json.dumps(cfg.model_dump(), default=str)))
         path = resolve_model(cfg.model.path)
@@ -114,8 +121,11 @@ class Trainer:
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
         if cfg.resume:
-            where = resume_run(cfg.resume, self.run_dir, self.state, self._module(), self.optimizer, self.scheduler)
-            print(f"resumed from {where} at step {self.step}", flush=True)
+            where, saved_world = resume_run(cfg.resume, self.run_dir, self.state, self._module(), self.optimizer, self.scheduler)
+            if self.is_main:
+                print(f"resumed from {where} at step {self.step}", flush=True)
+                if saved_world != self.accelerator.num_processes:  # the batch and data order are global: it continues the same run
+                    print(f"resume: written by {saved_world} process(es), continuing with {self.accelerator.num_processes}", flush=True)
         if cfg.resume or kind == "adapter":
             self._sync_weights()  # a separate generator holds the base checkpoint's weights
 
@@ -136,16 +146,17 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Run to ``max_steps`` (or a Ctrl-C); returns the last step's headline metrics."""
         cfg, state = self.cfg, self.state
+        stopping = False
         try:
-            with RunLog(self.run_dir, self.accelerator) as log, _stop_on_interrupt() as stop:
+            with RunLog(self.run_dir, self.accelerator) as log, _stop_on_interrupt() as stop, peer_failures(self.accelerator, cfg.distributed_timeout_s):
                 if cfg.eval_every and state.step == 0:  # the "before" number, on the same tasks and seeds
                     before = self.evaluate(cfg.eval_tasks)
                     state.history.append({"step": 0, **before})
                     log.log(0, before)
-                while state.step < cfg.max_steps and not stop.is_set():
+                while state.step < cfg.max_steps and not (stopping := any_rank(self.accelerator, stop.is_set())):
                     t_start = time.perf_counter()
                     tasks = state.next_tasks(self.train_data, cfg.prompts_per_step * cfg.steps_per_generation)
-                    groups, rollout_s = self._rollout(tasks, seed=cfg.seed * 1_000_003 + state.step * 7919)
+                    groups, rollout_s = self._rollout_shared(tasks, seed=cfg.seed * 1_000_003 + state.step * 7919)
                     rollout_peak = peak_memory_gib()
                     batch = build_batch(groups, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage)
                     for metrics in self.learner.learn(batch, state.step):
@@ -155,15 +166,17 @@ class Trainer:
                             metrics["perf/peak_gib_rollout"], metrics["perf/peak_gib_train"] = rollout_peak, peak_memory_gib()
                         self._finish_step(log, metrics, batch, groups, rollout_s, time.perf_counter() - t_start)
                         t_start = time.perf_counter()
-                        if state.step >= cfg.max_steps or stop.is_set():
+                        if state.step >= cfg.max_steps or (stopping := any_rank(self.accelerator, stop.is_set())):
                             break
-                if stop.is_set():
+                if stopping:
                     self.interrupted = True
                     saved = self._checkpoint_dir() if self._saved_now() else self.save()
-                    print(f"interrupted: stopped after step {state.step}, checkpoint {saved}; continue with resume=latest output_dir={self.run_dir}", flush=True)
+                    if self.is_main:
+                        print(f"interrupted: stopped after step {state.step}, checkpoint {saved}; continue with resume=latest output_dir={self.run_dir}", flush=True)
         finally:
             anyio.run(self.generator.close)
-        write_reward_curve(state.history, self.run_dir / "reward_curve.png", title=f"agentrl train {cfg.env}")
+        if self.is_main:
+            write_reward_curve(state.history, self.run_dir / "reward_curve.png", title=f"agentrl train {cfg.env}")
         if cfg.report_to:
             self.accelerator.end_training()
         return state.history[-1] if state.history else {}
@@ -184,6 +197,20 @@ class Trainer:
             log.samples(step, batch.trajectories[: cfg.samples_per_log], self.chat_format.decode)
         if (cfg.save_every and step % cfg.save_every == 0) or (step == cfg.max_steps and cfg.save_final):
             self.save()
+
+    def _rollout_shared(self, tasks: list[dict[str, Any]], seed: int, n: int | None = None, engine: RolloutEngine | None = None) -> tuple[list[TrajectoryGroup], float]:
+        """Every rank rolls out its contiguous block of ``tasks`` (environment seed ``seed + global
+        index``, as one process would) and receives everyone's groups in task order; the time is the
+        slowest rank's. On one process this is ``_rollout``."""
+        start, stop = share(len(tasks), self.accelerator.process_index, self.accelerator.num_processes)
+        groups, seconds = self._rollout(tasks[start:stop], seed=seed + start, n=n, engine=engine)
+        if self.accelerator.num_processes == 1:
+            return groups, seconds
+        for g, group in enumerate(groups):
+            for t in group.trajectories:
+                t.group = start + g
+        parts = gather(self.accelerator, (groups, seconds))
+        return [g for part, _ in parts for g in part], max(s for _, s in parts)
 
     def _rollout(self, tasks: list[dict[str, Any]], seed: int, n: int | None = None, engine: RolloutEngine | None = None) -> tuple[list[TrajectoryGroup], float]:
         self.policy.eval()
@@ -208,7 +235,7 @@ class Trainer:
         tasks = list(self.env.dataset("test"))[:n]
         sampling = self.cfg.sampling.model_copy(update={"temperature": self.cfg.eval_temperature})
         engine = RolloutEngine(self.generator, self.chat_format, self.cfg.rollout, sampling)
-        groups, _ = self._rollout(tasks, seed=10_000_019, n=1, engine=engine)
+        groups, _ = self._rollout_shared(tasks, seed=10_000_019, n=1, engine=engine)
         self.eval_results[self.state.step] = [g.trajectories[0].reward if g.trajectories[0].ok else None for g in groups]
         rewards = [t.reward for g in groups for t in g.ok]
         out = {"eval/reward": sum(rewards) / max(1, len(rewards))}
@@ -220,7 +247,13 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def save(self) -> Path:
-        return save_run(self.run_dir, self.state, self.policy_kind, self._module(), self.tokenizer, self.optimizer, self.scheduler, self.cfg.keep_checkpoints)
+        """Checkpoint the run (rank 0 writes; every rank holds the same weights and optimizer state)."""
+        if not self.is_main:
+            return self._checkpoint_dir()
+        return save_run(
+            self.run_dir, self.state, self.policy_kind, self._module(), self.tokenizer, self.optimizer, self.scheduler, self.cfg.keep_checkpoints,
+            world_size=self.accelerator.num_processes,
+        )
 
     def _checkpoint_dir(self) -> Path:
         from agentrl.checkpoint import checkpoint_dir
