@@ -2,4 +2,5 @@
 
 from agentrl.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # importing the module (tests, tools) must not run the CLI
+    raise SystemExit(main())

@@ -12,7 +12,9 @@ def blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
 
 
-def test_python_examples_run():
+def test_python_examples_run(tmp_path, monkeypatch):
+    """In a fresh folder, as a new user runs them (a run folder such as runs/readme belongs to one run)."""
+    monkeypatch.chdir(tmp_path)
     for code in blocks("python"):
         exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
 
