@@ -124,18 +124,19 @@ def active_tape() -> ToolTape | None:
 @contextlib.contextmanager
 def record_tools(path: str | Path) -> Iterator[ToolTape]:
     """Record every tool call made inside the block (episodes started in it included) to ``path``."""
-    tape = ToolTape(path, "record")
-    token = _ACTIVE.set(tape)
-    try:
+    with _active(ToolTape(path, "record")) as tape:
         yield tape
-    finally:
-        _ACTIVE.reset(token)
 
 
 @contextlib.contextmanager
 def replay_tools(path: str | Path) -> Iterator[ToolTape]:
     """Answer every tool call made inside the block from the tape at ``path``; no tool runs."""
-    tape = ToolTape(path, "replay")
+    with _active(ToolTape(path, "replay")) as tape:
+        yield tape
+
+
+@contextlib.contextmanager
+def _active(tape: ToolTape) -> Iterator[ToolTape]:
     token = _ACTIVE.set(tape)
     try:
         yield tape
