@@ -222,7 +222,7 @@ def shape_problems(names_shapes: Mapping[str, tuple[int, ...]], expected: Mappin
     wrong = [f"{n}: {list(s)} != {list(expected[n])}" for n, s in names_shapes.items() if n in expected and tuple(s) != tuple(expected[n])]
     problems = []
     if unknown:
-        problems.append(f"{len(unknown)} unknown name(s) {unknown[:5]}")
+        problems.append(f"{len(unknown)} unknown name(s), not in the engine's checkpoint: {unknown[:5]}")
     if missing:
         problems.append(f"{len(missing)} missing (a push must hold the full model) {missing[:5]}")
     if wrong:
