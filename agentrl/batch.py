@@ -123,7 +123,7 @@ def build_batch(
         samples=[s for _, s in rows],
         logged=episode < log_episodes,
         trajectories=trajs,
-        metrics=_reward_metrics(trajs, rewards) | {f"adv/{k}": v for k, v in adv_metrics.items()},
+        metrics=reward_metrics(trajs) | {f"adv/{k}": v for k, v in adv_metrics.items()},
     )
 
 
@@ -154,9 +154,10 @@ def _turn_rewards(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, 
     return totals, comps, names
 
 
-def _reward_metrics(trajs: list[Trajectory], rewards: torch.Tensor) -> dict[str, float]:
+def reward_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """Mean reward and each component's mean over the episodes where it applied."""
-    out = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0}
+    rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
+    out = {"reward/mean": float(rewards.mean()) if trajs else 0.0, "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0}
     for name in sorted({k for t in trajs for k in t.rewards}):
         values = [t.rewards[name] for t in trajs if t.rewards.get(name) is not None]
         if values:

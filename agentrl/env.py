@@ -116,6 +116,9 @@ class Environment:
     max_turns: int = 10
     tools: Sequence[Tool] = ()
     rewards: Sequence[Reward] = ()
+    # `agentrl train` settings this environment was tuned with, applied where the user sets nothing
+    # (e.g. {"advantage": "turn", "max_steps": 120}); config.json records what a run used.
+    train_defaults: dict[str, Any] = {}
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""

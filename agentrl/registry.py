@@ -62,6 +62,22 @@ def resolve(spec: str) -> Callable[..., Any]:
     )
 
 
+def train_defaults(spec: Any) -> dict[str, Any]:
+    """The ``agentrl train`` settings an environment class recommends (its ``train_defaults``), or {}.
+
+    Looked up without building the environment, for registered names, entry points and
+    ``module:Class`` specs (a ``file.py:Class`` spec is not imported twice for this). Any problem
+    gives {}: the environment's own errors are reported where it is built.
+    """
+    if not isinstance(spec, str) or (":" in spec and spec.partition(":")[0].endswith(".py")):
+        return {}
+    try:
+        found = getattr(resolve(spec), "train_defaults", None)
+    except Exception:
+        return {}
+    return dict(found) if isinstance(found, dict) else {}
+
+
 def load_object(target: str) -> Callable[..., Any]:
     """The object named by ``"module:attr"`` or ``"path/to/file.py:attr"`` (environments, reward functions)."""
     try:

@@ -8,6 +8,8 @@ import pydantic
 from pydantic import Field
 
 from agentrl.config import ENV_ARGS_DOC, ENV_DOC, GeneratorSettings, ModelSettings, RolloutConfig, SamplingConfig, Strict
+from agentrl.curriculum import CurriculumSettings
+from agentrl.group_selection import DynamicSampling
 from agentrl.losses import LossConfig
 
 
@@ -68,6 +70,8 @@ class TrainConfig(Strict):
     advantage: Literal["episode", "turn"] = Field(
         "episode", description="episode: every token gets its episode's group-relative advantage (GRPO); turn: each turn's tokens get an unbiased per-turn advantage (docs/training.md, per-turn credit)"
     )
+    dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
+    curriculum: CurriculumSettings = Field(default_factory=CurriculumSettings)
     mask_truncated_completions: bool = Field(False, description="truncated episodes get no gradient")
     extra_rewards: list[ExtraReward] = Field(default_factory=list, description="reward functions added to the environment's: [{fn: 'mod:f', weight: 1.0}]")
     peft: LoraSettings | None = Field(None, description="LoRA training (off unless a peft.* key is set)")
@@ -95,6 +99,16 @@ class TrainConfig(Strict):
         1800.0, gt=0, description="a collective waiting longer than this on a dead or stalled rank fails with an error instead of hanging; it must cover the slowest rank's rollout of one step"
     )
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _environment_defaults(cls, data: Any) -> Any:
+        """The environment's recommended settings (``Environment.train_defaults``) under the user's own keys."""
+        if not isinstance(data, dict):
+            return data
+        from agentrl.registry import train_defaults
+
+        return _under(train_defaults(data.get("env", "calculator")), data)
+
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.sampling.temperature == 0:
@@ -109,3 +123,13 @@ class TrainConfig(Strict):
             self.sampling.seed = self.seed
         return self
 
+
+def _under(defaults: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``defaults`` filled in where it sets nothing (nested dicts merged key by key)."""
+    out = dict(data)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _under(value, out[key])
+    return out

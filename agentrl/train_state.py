@@ -25,6 +25,7 @@ class TrainState:
     data_pos: int = 0
     epoch: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    curriculum: dict[str, Any] | None = None  # the curriculum's draw state (agentrl.curriculum), when one is on
 
     @classmethod
     def start(cls, num_tasks: int, seed: int) -> TrainState:
@@ -71,4 +72,5 @@ def resume_run(resume: str, run_dir: Path, state: TrainState, model: Any, optimi
     saved = load_checkpoint(path, model, optimizer, scheduler)
     state.step, state.data_pos, state.epoch = saved["step"], saved["data_pos"], saved["epoch"]
     state.order, state.history = saved["order"], saved["history"]
+    state.curriculum = saved.get("curriculum")
     return path, int(saved.get("world_size", 1))

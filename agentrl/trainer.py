@@ -30,13 +30,15 @@ from typing import Any
 import anyio
 import torch
 
-from agentrl.batch import Batch, build_batch
+from agentrl.batch import Batch, build_batch, reward_metrics
 from agentrl.checkpoint import open_run
 from agentrl.config import ConfigError, build, parse_overrides, require_backend
 from agentrl.curve import write_reward_curve
 from agentrl.distributed import accelerator_handlers, any_rank, gather, peer_failures, share
 from agentrl.env import Environment
 from agentrl.generators import WeightUpdate, build_generator, run_with
+from agentrl.curriculum import Curriculum
+from agentrl.group_selection import GroupSelector, informative
 from agentrl.learner import Learner, LearnSettings
 from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
@@ -118,6 +120,7 @@ class Trainer:
         )
         self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
+        self.curriculum = Curriculum(self.train_data, cfg.curriculum, cfg.seed) if cfg.curriculum.key else None
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
         if cfg.resume:
@@ -126,6 +129,8 @@ class Trainer:
                 print(f"resumed from {where} at step {self.step}", flush=True)
                 if saved_world != self.accelerator.num_processes:  # the batch and data order are global: it continues the same run
                     print(f"resume: written by {saved_world} process(es), continuing with {self.accelerator.num_processes}", flush=True)
+            if self.curriculum is not None and self.state.curriculum is not None:
+                self.curriculum.load_state_dict(self.state.curriculum)
         if cfg.resume or kind == "adapter":
             self._sync_weights()  # a separate generator holds the base checkpoint's weights
 
@@ -155,16 +160,16 @@ class Trainer:
                     log.log(0, before)
                 while state.step < cfg.max_steps and not (stopping := any_rank(self.accelerator, stop.is_set())):
                     t_start = time.perf_counter()
-                    tasks = state.next_tasks(self.train_data, cfg.prompts_per_step * cfg.steps_per_generation)
-                    groups, rollout_s = self._rollout_shared(tasks, seed=cfg.seed * 1_000_003 + state.step * 7919)
+                    groups, drawn, rollout_s, selection = self._draw_groups()
                     rollout_peak = peak_memory_gib()
                     batch = build_batch(groups, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage)
                     for metrics in self.learner.learn(batch, state.step):
                         state.step += 1
                         metrics.update(self._sync_weights())
+                        metrics.update(selection)
                         if rollout_peak is not None:
                             metrics["perf/peak_gib_rollout"], metrics["perf/peak_gib_train"] = rollout_peak, peak_memory_gib()
-                        self._finish_step(log, metrics, batch, groups, rollout_s, time.perf_counter() - t_start)
+                        self._finish_step(log, metrics, batch, drawn, rollout_s, time.perf_counter() - t_start)
                         t_start = time.perf_counter()
                         if state.step >= cfg.max_steps or (stopping := any_rank(self.accelerator, stop.is_set())):
                             break
@@ -185,6 +190,9 @@ class Trainer:
         """Metrics, eval, history, logs, samples and the periodic checkpoint of the step just taken."""
         cfg, step = self.cfg, self.state.step
         metrics.update(batch.metrics)
+        if cfg.dynamic_sampling.enabled:  # the policy's reward is the one of every drawn group, not of the kept (varied) ones
+            metrics["reward/kept_mean"] = batch.metrics["reward/mean"]
+            metrics.update(reward_metrics([t for g in groups for t in g.ok]))
         metrics.update({f"rollout/{k}": v for k, v in rollout_metrics(groups, rollout_s).items()})
         metrics["perf/step_s"] = step_s
         metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens_per_s", 0.0)
@@ -197,6 +205,38 @@ class Trainer:
             log.samples(step, batch.trajectories[: cfg.samples_per_log], self.chat_format.decode)
         if (cfg.save_every and step % cfg.save_every == 0) or (step == cfg.max_steps and cfg.save_final):
             self.save()
+
+    def _draw_groups(self) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup], float, dict[str, float]]:
+        """This step's groups to train on, every group rolled out for it, the rollout seconds and the
+        selection's metrics. Without dynamic sampling the two lists are the same; with it, groups
+        whose rewards do not vary are dropped and further tasks rolled out, ``max_rounds`` times at most."""
+        cfg, state = self.cfg, self.state
+        target = cfg.prompts_per_step * cfg.steps_per_generation
+        seed = cfg.seed * 1_000_003 + state.step * 7919
+        groups, seconds = self._rollout_shared(self._next_tasks(target), seed=seed)
+        if not cfg.dynamic_sampling.enabled:
+            return groups, groups, seconds, self._update_curriculum(groups)
+        selector = GroupSelector(target, cfg.dynamic_sampling)
+        selector.add(groups)
+        while n := selector.next_draw():
+            more, extra_s = self._rollout_shared(self._next_tasks(n), seed=seed + 100_003 * selector.rounds)
+            selector.add(more)
+            seconds += extra_s
+        return selector.selected(), selector.drawn, seconds, selector.metrics() | self._update_curriculum(selector.drawn)
+
+    def _next_tasks(self, n: int) -> list[dict[str, Any]]:
+        """The next ``n`` training tasks: the curriculum's draw, or the run's shuffled order."""
+        if self.curriculum is not None:
+            return self.curriculum.next_tasks(n)
+        return self.state.next_tasks(self.train_data, n)
+
+    def _update_curriculum(self, drawn: list[TrajectoryGroup]) -> dict[str, float]:
+        """Teach the curriculum which buckets' groups varied; its weights and rates as metrics."""
+        if self.curriculum is None:
+            return {}
+        self.curriculum.update(drawn, lambda g: informative(g, self.cfg.dynamic_sampling.min_std))
+        self.state.curriculum = self.curriculum.state_dict()
+        return self.curriculum.metrics()
 
     def _rollout_shared(self, tasks: list[dict[str, Any]], seed: int, n: int | None = None, engine: RolloutEngine | None = None) -> tuple[list[TrajectoryGroup], float]:
         """Every rank rolls out its contiguous block of ``tasks`` (environment seed ``seed + global

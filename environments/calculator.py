@@ -4,7 +4,7 @@ Tasks are generated from a seed. Difficulty ``d`` means ``d`` operations, e.g. l
 "What is 37 + 45?", level 2 "What is (37 + 45) * 3?". With ``max_ops_per_call=1`` (the default)
 the tool does one operation per call, so a level-``d`` task needs ``d`` calls. The test split is
 generated from its own seed and every test question is removed from train, so training never
-sees it. Reward: 1 for the exact final answer; an optional small format reward.
+sees it. Rewards: see ``CalculatorEnv``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from agentrl.env import Reward, ToolEnvironment
 from agentrl.tools.calculator import Calculator, format_number
 
 ANSWER_RE = re.compile(r"answer is\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+# The whole final message as asked: "The answer is N." and nothing else (no call syntax left over).
+ANSWER_ONLY_RE = re.compile(r"\s*(?:the )?answer is\s*-?\d+(?:\.\d+)?\s*\.?\s*", re.IGNORECASE)
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 QUESTION_FORMS = ("What is {}?", "Compute {}.", "Calculate {}.")
 SPLIT_SEEDS = {"train": 1, "test": 2}
@@ -48,10 +50,46 @@ def correct(completion: str, answer: str) -> float:
 
 
 def well_formatted(completion: str, tool_records: list[Any]) -> float:
-    """1.0 when at least one tool call was made, none was malformed, and the answer is stated as asked."""
+    """1.0 when at least one tool call was made, none was malformed, and the final message is the
+    answer statement alone. "Alone" matters: during RL the model learns to end its answer with the
+    tail of a tool call (``The answer is 90"}}</tool_call>``); ``correct`` still finds the number,
+    so without this check the stray syntax is rewarded whenever the number is right and the
+    well-formed rate decays (benchmarks/RESULTS.md, issue 18)."""
     if not tool_records or any(r.kind in MALFORMED for r in tool_records):
         return 0.0
-    return float(ANSWER_RE.search(completion or "") is not None)
+    return float(ANSWER_ONLY_RE.fullmatch(completion or "") is not None)
+
+
+def step_values(steps: Sequence[str]) -> list[Fraction]:
+    """The value after each of a task's steps ("37 + 45", "82 * 3", ...)."""
+    values = []
+    for step in steps:
+        a, op, b = step.split(" ")
+        x, y = Fraction(a), Fraction(b)
+        values.append({"+": x + y, "-": x - y, "*": x * y, "/": x / y}[op])
+    return values
+
+
+def progress(messages: list[dict[str, Any]], steps: Sequence[str], state: dict[str, Any]) -> float:
+    """Per-turn: the share of the task's steps newly reached by this turn's tool results.
+
+    A step counts when a tool result equals its value, in order (so ``(a op b) op c`` counts its
+    second step only after its first). Over an episode the values sum to the share of steps done:
+    partial credit that tells a right first call from a wrong one when the final answer is wrong.
+    """
+    values = step_values(steps)
+    done = 0
+    for m in messages:
+        if m.get("role") != "tool" or done >= len(values):
+            continue
+        try:
+            if Fraction(str(m.get("content", "")).strip()) == values[done]:
+                done += 1
+        except (ValueError, ZeroDivisionError):
+            pass
+    new = done - state.get("progress_paid", 0)
+    state["progress_paid"] = done
+    return new / max(1, len(values))
 
 
 def make_task(rng: random.Random, difficulty: int) -> dict[str, Any]:
@@ -95,14 +133,29 @@ def generate_tasks(n: int, seed: int, difficulty: Sequence[int]) -> list[dict[st
 class CalculatorEnv(ToolEnvironment):
     """Arithmetic with a calculator tool.
 
+    Rewards: ``correct`` (1 for the exact final answer), ``format`` (0.2: every call well formed
+    and the answer stated as asked; without it the call syntax decays during RL, see
+    benchmarks/RESULTS.md) and the per-turn ``progress`` (0.5 spread over the steps: partial
+    credit for each intermediate value the tool returned, in order). A correct episode scores at
+    least 1 and a wrong one below 1, so ``pass@1`` and ``accuracy`` count correct answers only.
+    ``train_defaults``: per-turn credit (``advantage=turn``) uses the per-turn progress reward.
+
     Args:
         difficulty: operation counts to draw tasks from (1 = one call ... 3 = three calls).
+        train_difficulty: the train split's levels when they differ from the test split's (for
+            example ``[1, 2, 3]`` to train on three-call tasks too, with a curriculum over
+            ``difficulty``, while the test split stays the shipped one); test questions are
+            removed from train either way.
         max_ops_per_call: operations the tool accepts per call (None = any expression).
         num_train / num_test: split sizes.
         seed: offsets the split seeds, for a different but reproducible task set.
         format_weight: weight of the format reward (0 disables it).
+        progress_weight: weight of the per-turn progress reward (the share of the task's steps
+            whose values the tool returned, in order; 0 disables it).
         max_turns: assistant turns before the episode is truncated.
     """
+
+    train_defaults = {"advantage": "turn", "max_steps": 120}
 
     def __init__(
         self,
@@ -111,17 +164,20 @@ class CalculatorEnv(ToolEnvironment):
         num_train: int = 20000,
         num_test: int = 500,
         seed: int = 0,
-        format_weight: float = 0.0,
+        format_weight: float = 0.2,
         max_turns: int = 6,
+        progress_weight: float = 0.5,
+        train_difficulty: Sequence[int] | int | None = None,
     ) -> None:
-        levels = (difficulty,) if isinstance(difficulty, int) else tuple(difficulty)
-        if not levels or any(not isinstance(d, int) or d < 1 or d > 6 for d in levels):
-            raise ValueError(f"difficulty must be levels between 1 and 6, got {difficulty!r}")
+        levels = _levels(difficulty, "difficulty")
+        train_levels = levels if train_difficulty is None else _levels(train_difficulty, "train_difficulty")
         rewards = [Reward(correct, weight=1.0, name="correct")]
         if format_weight:
             rewards.append(Reward(well_formatted, weight=format_weight, name="format"))
+        if progress_weight:
+            rewards.append(Reward(progress, weight=progress_weight, name="progress", per_turn=True))
         super().__init__(tools=[Calculator(max_ops=max_ops_per_call)], rewards=rewards, max_turns=max_turns)
-        self.levels = levels
+        self.levels, self.train_levels = levels, train_levels
         self.num_train, self.num_test, self.seed = num_train, num_test, seed
 
     def load_dataset(self, split: str) -> Dataset:
@@ -131,6 +187,13 @@ class CalculatorEnv(ToolEnvironment):
         if split == "test":
             return Dataset.from_list(test)
         held_out = {t["question"] for t in test} | {t["expression"] for t in test}
-        train = generate_tasks(2 * self.num_train + self.num_test, SPLIT_SEEDS["train"] + 1000 * self.seed, self.levels)
+        train = generate_tasks(2 * self.num_train + self.num_test, SPLIT_SEEDS["train"] + 1000 * self.seed, self.train_levels)
         train = [t for t in train if t["question"] not in held_out and t["expression"] not in held_out]
         return Dataset.from_list(train[: self.num_train])
+
+
+def _levels(value: Sequence[int] | int, name: str) -> tuple[int, ...]:
+    levels = (value,) if isinstance(value, int) else tuple(value)
+    if not levels or any(not isinstance(d, int) or d < 1 or d > 6 for d in levels):
+        raise ValueError(f"{name} must be levels between 1 and 6, got {value!r}")
+    return levels

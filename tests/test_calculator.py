@@ -115,21 +115,40 @@ def test_reward_functions():
     assert well_formatted("The answer is 3.", [ok, bad]) == 0.0
     assert well_formatted("3", [ok]) == 0.0
     assert well_formatted("The answer is 3.", []) == 0.0
+    assert well_formatted("the answer is -3.5", [ok]) == 1.0
+    assert well_formatted('The answer is 90"}}\n</tool_call>', [ok]) == 0.0, "leftover call syntax is not the answer as asked"
+    assert correct('The answer is 90"}}\n</tool_call>', "90") == 1.0
 
 
-def test_two_step_episode_scores_one():
-    env = make("calculator", difficulty=2, format_weight=0.1).sync()
+def test_two_step_episode_scores_correct_format_and_progress_per_step():
+    env = make("calculator", difficulty=2, format_weight=0.1, progress_weight=0.5).sync()
     task = next(t for t in env.dataset("test") if t["difficulty"] == 2)
     env.reset(task=task, seed=0)
-    value = None
+    value, total = None, 0.0
     for step in task["steps"]:
         if value is not None:
             step = value + step[step.index(" ") :]
-        msgs, reward, term, trunc, _ = env.step(
+        msgs, reward, term, trunc, info = env.step(
             {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": step}}}]}
         )
         value = msgs[0]["content"]
         assert not term and not value.startswith("Error")
+        assert info["rewards"] == {"progress": 0.5} and reward == pytest.approx(0.25), "each right step earns its share, on its turn"
+        total += reward
     _, reward, term, _, info = env.step({"role": "assistant", "content": f"The answer is {value}."})
-    assert term and info["rewards"] == {"correct": 1.0, "format": 1.0} and reward == pytest.approx(1.1)
+    assert term and info["rewards"] == {"progress": 0.0, "correct": 1.0, "format": 1.0} and reward == pytest.approx(1.1)
+    assert total + reward == pytest.approx(1.6)
+    env.close()
+
+
+def test_progress_counts_steps_in_order_only():
+    env = make("calculator", difficulty=2, progress_weight=0.5, format_weight=0.0).sync()
+    task = next(t for t in env.dataset("test") if t["difficulty"] == 2)
+    env.reset(task=task, seed=0)
+    second = task["steps"][1]
+    # the second step's expression first: its value is not the first step's, so nothing is earned
+    _, reward, *_ = env.step({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": second}}}]})
+    assert reward == 0.0
+    _, reward, term, _, info = env.step({"role": "assistant", "content": "The answer is 0."})
+    assert term and info["rewards"]["correct"] == 0.0 and reward < 1, "a wrong answer stays below the pass threshold"
     env.close()

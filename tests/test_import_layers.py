@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("environments", ["agentrl.trajectory", "agentrl.env", "agentrl.sync", "agentrl.registry", "agentrl.check", "agentrl.tools", "agentrl.environments"]),
     ("generators", ["agentrl.generators"]),
     ("rollout", ["agentrl.rollout", "agentrl.rewards", "agentrl.evaluation", "agentrl.observe"]),
-    ("config", ["agentrl.config", "agentrl.train_config", "agentrl.validate"]),
+    ("config", ["agentrl.config", "agentrl.train_config", "agentrl.validate", "agentrl.group_selection", "agentrl.curriculum"]),
     ("commands", ["agentrl.trainer", "agentrl.distributed", "agentrl.batch", "agentrl.learner", "agentrl.train_setup", "agentrl.train_state", "agentrl.curve", "agentrl.doctor", "agentrl.viewer", "agentrl.viewer_html", "agentrl.viewer_cli",
                   "agentrl.generators.vllm_serve"]),
     ("entry points", ["agentrl.cli", "agentrl"]),

@@ -1,0 +1,127 @@
+"""Dynamic sampling and the difficulty curriculum: each mechanism on its own, then both in a real run."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from agentrl.config import ConfigError, build, parse_overrides
+from agentrl.curriculum import Curriculum, CurriculumSettings
+from agentrl.environments.calculator import CalculatorEnv
+from agentrl.group_selection import DynamicSampling, GroupSelector, informative
+from agentrl.registry import register
+from agentrl.train_config import TrainConfig
+from agentrl.trainer import Trainer
+from agentrl.trajectory import Trajectory, TrajectoryGroup
+
+
+def group(rewards: list[float], difficulty: int = 1, errors: int = 0) -> TrajectoryGroup:
+    trajs = [Trajectory(task={}, seed=0, reward=r) for r in rewards]
+    trajs += [Trajectory(task={}, seed=0, reward=0.0, error="boom") for _ in range(errors)]
+    return TrajectoryGroup(task={"difficulty": difficulty}, seed=0, trajectories=trajs)
+
+
+def test_informative_needs_varied_rewards_of_finished_episodes():
+    assert informative(group([0, 1, 0, 0]))
+    assert not informative(group([1, 1, 1, 1]))
+    assert not informative(group([0, 0, 0, 0]))
+    assert not informative(group([1], errors=3)), "one finished episode has no spread"
+    assert not informative(group([0.5, 0.6]), min_std=0.1)
+
+
+def test_selector_keeps_varied_groups_refills_and_stops_at_its_bound():
+    settings = DynamicSampling(enabled=True, max_rounds=2, max_draw_factor=4)
+    sel = GroupSelector(target=4, settings=settings)
+    sel.add([group([0, 1]), group([0, 0]), group([1, 1]), group([0, 0])])
+    assert len(sel.kept) == 1 and sel.dropped == 3
+    # keep rate 1/4 so far: 3 missing groups need 12 tasks, within the cap of 4 per missing group
+    assert sel.next_draw() == 12
+    sel.add([group([1, 0])] * 5 + [group([0, 0])] * 7)
+    assert len(sel.kept) == 4 and sel.surplus == 2 and sel.next_draw() == 0
+    m = sel.metrics()
+    assert m == {"sampling/groups_drawn": 16.0, "sampling/groups_kept": 4.0, "sampling/groups_dropped": 10.0, "sampling/groups_surplus": 2.0, "sampling/rounds": 2.0}
+
+    stuck = GroupSelector(target=2, settings=settings)
+    for _ in range(5):
+        if stuck.rounds and not stuck.next_draw():
+            break
+        stuck.add([group([0, 0]), group([0, 0])])
+    assert stuck.rounds == 3, "one first round plus max_rounds refills"
+    assert stuck.next_draw() == 0
+    assert len(stuck.selected()) == 2, "nothing varied: the step still trains on the first groups drawn"
+
+
+def test_curriculum_draws_more_from_informative_buckets_and_keeps_a_floor():
+    data = [{"difficulty": d, "i": i} for i in range(300) for d in (1, 2, 3)]
+    cur = Curriculum(data, CurriculumSettings(key="difficulty", floor=0.1, smoothing=0.5), seed=0)
+    first = Counter(t["difficulty"] for t in cur.next_tasks(600))
+    assert all(150 < first[d] < 250 for d in (1, 2, 3)), first  # unseen buckets: equal weight
+    # level 1 always solved, level 3 never: only level 2 varies
+    cur.update([group([1, 1], 1), group([0, 1], 2), group([0, 0], 3)] * 4, informative)
+    w = cur.weights()
+    assert w["2"] > 0.8 and w["1"] == pytest.approx(w["3"]) and w["1"] > 0
+    drawn = Counter(t["difficulty"] for t in cur.next_tasks(1000))
+    assert drawn[2] > 750 and drawn[1] > 30 and drawn[3] > 30, drawn
+    assert set(cur.metrics()) == {f"curriculum/difficulty={d}/{k}" for d in (1, 2, 3) for k in ("weight", "informative_rate")}
+
+
+def test_curriculum_walks_each_bucket_without_repeats_and_resumes_exactly():
+    data = [{"difficulty": 1 + i % 2, "i": i} for i in range(20)]
+    cur = Curriculum(data, CurriculumSettings(key="difficulty"), seed=3)
+    first = [t["i"] for t in cur.next_tasks(10)]
+    saved = json.loads(json.dumps(cur.state_dict()))  # it travels in trainer_state.json
+    rest = [t["i"] for t in cur.next_tasks(25)]
+    again = Curriculum(data, CurriculumSettings(key="difficulty"), seed=3)
+    again.load_state_dict(saved)
+    assert [t["i"] for t in again.next_tasks(25)] == rest
+    by_bucket: dict[int, list[int]] = {1: [], 2: []}
+    for i in first + rest:
+        by_bucket[1 + i % 2].append(i)
+    for seq in by_bucket.values():  # a bucket repeats a task only after it has served all of its tasks
+        assert len(set(seq[:10])) == min(10, len(seq))
+
+
+def test_curriculum_key_must_be_a_task_field():
+    with pytest.raises(ConfigError, match="curriculum.key: the tasks have no field 'level'"):
+        Curriculum([{"difficulty": 1}], CurriculumSettings(key="level"), seed=0)
+
+
+class TunedCalculator(CalculatorEnv):
+    train_defaults = {"advantage": "turn", "learning_rate": 3e-5, "dynamic_sampling": {"enabled": True, "max_rounds": 5}}
+
+
+def test_environment_train_defaults_apply_where_the_user_sets_nothing():
+    register("tuned-calculator-test", TunedCalculator, overwrite=True)
+    cfg = build(TrainConfig, parse_overrides(["env=tuned-calculator-test", "dynamic_sampling.max_rounds=1", "learning_rate=1e-4"]))
+    assert cfg.advantage == "turn" and cfg.dynamic_sampling.enabled and cfg.dynamic_sampling.max_rounds == 1 and cfg.learning_rate == 1e-4
+    calc = build(TrainConfig, parse_overrides([]))  # the default environment is the calculator, tuned for 120 steps
+    assert (calc.advantage, calc.max_steps) == ("turn", 120)
+    assert build(TrainConfig, parse_overrides(["advantage=episode"])).advantage == "episode"
+    other = build(TrainConfig, parse_overrides(["env=sokoban"]))
+    assert (other.advantage, other.max_steps) == ("episode", 60), "an environment without train_defaults gets the global ones"
+    assert build(TrainConfig, parse_overrides(["env=no-such-env"])).advantage == "episode", "unknown names fail later, in one place"
+
+
+SMALL = ["prompts_per_step=2", "num_generations=4", "micro_batch_size=4", "rollout.max_tokens_per_turn=32", "rollout.max_completion_tokens=160", "learning_rate=1e-4"]
+
+
+def test_dynamic_sampling_and_curriculum_in_a_real_run(tmp_path):
+    cfg = build(TrainConfig, parse_overrides([
+        *SMALL, "max_steps=2", f"output_dir={tmp_path}", "dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=1",
+        "curriculum.key=difficulty", "env_args.difficulty=[1,2,3]", "sampling.temperature=1.0",
+    ]))
+    trainer = Trainer(cfg)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    for m in lines:
+        drawn, kept, dropped, surplus = (m[f"sampling/groups_{k}"] for k in ("drawn", "kept", "dropped", "surplus"))
+        assert drawn == kept + dropped + surplus and kept <= 2 and 1 <= m["sampling/rounds"] <= 2
+        assert m["rollout/episodes"] == 4 * drawn, "rollout metrics cover every drawn group"
+        if kept:  # the batch trains on varied groups only; the logged reward is every drawn episode's
+            assert 0 < m["reward/kept_mean"] < 1
+        assert "curriculum/difficulty=3/weight" in m
+    state = json.loads((tmp_path / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
+    assert set(state["curriculum"]["orders"]) == {"1", "2", "3"}
