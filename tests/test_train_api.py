@@ -111,7 +111,7 @@ def test_extra_rewards_need_an_environment_that_exposes_its_episode():
     with pytest.raises(agentrl.EnvError, match="already used"):
         env.with_rewards([agentrl.Reward(lambda completion: 1.0, name="correct")])
     plus = env.with_rewards([agentrl.Reward(lambda completion: 1.0, name="extra")])
-    assert [r.name for r in plus.rewards][-1] == "extra" and [r.name for r in env.rewards] == ["correct"]
+    assert [r.name for r in plus.rewards][-1] == "extra" and [r.name for r in env.rewards] == ["correct", "format", "progress"]
 
 
 def test_a_reward_that_raises_is_named_in_one_line(tmp_path, capsys):
