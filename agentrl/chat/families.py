@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from agentrl.chat.formats import FormatSpec, register_format
+from agentrl.chat.harmony_training import derive_gpt_oss_training, thinking_from_reasoning, verify_gpt_oss_training
 from agentrl.chat.training import derive_qwen3_xml_training, verify_qwen3_training, verify_qwen3_xml_training
 
 
@@ -59,6 +60,10 @@ QWEN3_XML = register_format(
         adapt_messages=arguments_as_objects,
         derive_training=derive_qwen3_xml_training,
         verify_training=verify_qwen3_xml_training,
+        limits={
+            "new_question": "Nemotron 3's templates truncate the reasoning of turns before the last user "
+            "question (truncate_history_thinking), so a new question starts a new sample",
+        },
     )
 )
 LLAMA3 = register_format(
@@ -69,6 +74,7 @@ LLAMA3 = register_format(
         template="llama3_tools.jinja",
         markers=("<|start_header_id|>assistant<|end_header_id|>",),
         end_tokens=("<|eot_id|>", "<|eom_id|>"),
+        limits={"parallel_calls": "Llama 3.1/3.2's own templates refuse more than one tool call per turn"},
     )
 )
 MISTRAL = register_format(
@@ -98,5 +104,13 @@ GPT_OSS = register_format(
         thinking=True,
         markers=("<|start|>assistant", "<|channel|>"),
         end_tokens=("<|call|>", "<|return|>"),
+        adapt_messages=thinking_from_reasoning,
+        derive_training=derive_gpt_oss_training,
+        verify_training=verify_gpt_oss_training,
+        limits={
+            "parallel_calls": "harmony ends a turn at each call's <|call|>, so a turn holds one call",
+            "new_question": "harmony ends a final answer with <|return|> but history writes <|end|> "
+            "(and drops its analysis), so a new user turn after a final answer starts a new sample",
+        },
     )
 )

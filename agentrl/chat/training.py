@@ -82,11 +82,20 @@ def training_template_problems(
     conversations: list[Conversation],
     hidden: Callable[[str], str],
     limit: int = 5,
+    split_after: Callable[[Message], bool] | None = None,
+    original_may_refuse: bool = False,
+    original_rewrites: bool = False,
 ) -> list[str]:
     """Up to ``limit`` descriptions of where ``training`` may not stand in for ``original``.
 
     ``hidden(text)`` removes what the original may legitimately hide in history (for Qwen3, the
     reasoning blocks of assistant turns), so that the rest can be compared exactly.
+    ``split_after(message)``: an assistant turn after which the family declares a split (harmony's
+    final answer), so prefix preservation is not required there. ``original_may_refuse``: where the
+    original raises on a turn (a message shape it cannot render), only the training template is
+    checked (it must render, and keep prefixes). ``original_rewrites``: the original itself rewrites
+    the history before the turn once the turn is added (harmony drops earlier analysis), so its
+    trained turn is the tail of its render after the same generation prompt.
     """
 
     prompts: dict[Any, str] = {}
@@ -110,24 +119,44 @@ def training_template_problems(
         for end in ends:
             history, upto = messages[:end], messages[: end + 1]
             where = f"conversation {c}, assistant turn at message {end}"
+            before = len(problems)
             try:
-                o_prompt, o_full = ids(original, history, tools, True, kwargs), ids(original, upto, tools, False, kwargs)
                 t_prompt, t_full = ids(training, history, tools, True, kwargs), ids(training, upto, tools, False, kwargs)
             except Exception as exc:
-                problems.append(f"{where}: a template failed to render: {exc!r}")
+                problems.append(f"{where}: the training template failed to render: {exc!r}")
                 continue
-            o_turn, t_turn = o_full[len(o_prompt) :], t_full[len(t_prompt) :]
-            if o_full[: len(o_prompt)] != o_prompt or t_full[: len(t_prompt)] != t_prompt:
+            try:
+                o_prompt, o_full = ids(original, history, tools, True, kwargs), ids(original, upto, tools, False, kwargs)
+            except Exception as exc:
+                if not original_may_refuse:
+                    problems.append(f"{where}: the original template failed to render: {exc!r}")
+                    continue
+                o_prompt = o_full = None
+            if o_prompt is None or o_full is None:
+                pass  # the original refuses this turn: nothing to compare it with
+            elif original_rewrites and o_full[: len(o_prompt)] != o_prompt:
+                t_turn = t_full[len(t_prompt) :]
+                cue = list(tokenizer(prompts[(original, tuple(sorted(kwargs.items())))], add_special_tokens=False)["input_ids"])
+                if t_full[: len(t_prompt)] != t_prompt:
+                    problems.append(f"{where}: the training template's generation prompt is not a prefix of its turn")
+                elif o_full[len(o_full) - len(t_turn) :] != t_turn:
+                    problems.append(f"{where}: the trained turn differs: {_show(tokenizer, o_full[-len(t_turn):], t_turn)}")
+                elif not cue or o_full[len(o_full) - len(t_turn) - len(cue) : len(o_full) - len(t_turn)] != cue:
+                    problems.append(f"{where}: the original writes the turn after another cue than its generation prompt")
+            elif o_full[: len(o_prompt)] != o_prompt or t_full[: len(t_prompt)] != t_prompt:
                 problems.append(f"{where}: a generation prompt is not a prefix of its turn")
-            elif o_turn != t_turn:
-                problems.append(f"{where}: the trained turn differs: {_show(tokenizer, o_turn, t_turn)}")
+            elif o_full[len(o_prompt) :] != t_full[len(t_prompt) :]:
+                diff = _show(tokenizer, o_full[len(o_prompt) :], t_full[len(t_prompt) :])
+                problems.append(f"{where}: the trained turn differs: {diff}")
             elif _gen_tail(tokenizer, o_prompt) != _gen_tail(tokenizer, t_prompt):
                 diff = _show(tokenizer, o_prompt[-12:], t_prompt[-12:])
                 problems.append(f"{where}: the generation prompt differs: {diff}")
-            elif hidden(text(original, upto, tools, kwargs)) != hidden(text(training, upto, tools, kwargs)):
+            if o_full is not None and len(problems) == before and hidden(text(original, upto, tools, kwargs)) != hidden(
+                text(training, upto, tools, kwargs)
+            ):
                 problems.append(f"{where}: turns other than reasoning differ")
             # Prefix preservation of the training template up to the next assistant turn.
-            if end + 1 < len(messages):
+            if end + 1 < len(messages) and not (split_after is not None and split_after(messages[end])):
                 later = ids(training, messages[: _next_assistant(messages, end)], tools, True, kwargs)
                 if later[: len(t_full)] != t_full:
                     j = next((i for i, (x, y) in enumerate(zip(t_full, later)) if x != y), len(later))
