@@ -312,6 +312,7 @@ TRL_EXPECTED = {
     "qwen3_5_think": "PASS", "qwen3_5_nothink": "PASS", "qwen3_6": "PASS", "nemotron_3_nano": "WARN",
     "llama3_1": "WARN", "llama3_2": "WARN", "deepseekv3": "PASS",
     "gptoss": "WARN", "gemma4": "FAIL", "glm4moe": "FAIL", "lfm2": "FAIL", "cohere2": "FAIL",
+    "lfm2_v2": "PASS", "lfm2_2_5": "PASS", "lfm2_2_5_v2": "PASS", "lfm2_2_5_vl": "PASS",
 }  # fmt: skip
 # Which check each WARN is about (the limitation it names).
 TRL_WARNINGS = {

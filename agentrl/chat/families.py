@@ -7,7 +7,7 @@ from typing import Any
 
 from agentrl.chat.formats import FormatSpec, register_format
 from agentrl.chat.harmony_training import derive_gpt_oss_training, thinking_from_reasoning, verify_gpt_oss_training
-from agentrl.chat.training import derive_qwen3_xml_training, verify_qwen3_training, verify_qwen3_xml_training
+from agentrl.chat.training import derive_lfm2_training, derive_qwen3_xml_training, verify_lfm2_training, verify_qwen3_training, verify_qwen3_xml_training
 
 
 def arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -112,5 +112,16 @@ GPT_OSS = register_format(
             "new_question": "harmony ends a final answer with <|return|> but history writes <|end|> "
             "(and drops its analysis), so a new user turn after a final answer starts a new sample",
         },
+    )
+)
+LFM2 = register_format(
+    FormatSpec(
+        name="lfm2",
+        parser="lfm2",
+        models="LFM2 (v2 template), LFM2.5, LFM2.5-VL (Python-style calls)",
+        thinking=True,
+        adapt_messages=thinking_from_reasoning,
+        derive_training=derive_lfm2_training,
+        verify_training=verify_lfm2_training,
     )
 )

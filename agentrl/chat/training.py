@@ -233,3 +233,28 @@ def verify_qwen3_xml_training(tokenizer: Any, original: str, training: str) -> s
         conversations = [(m, t, kw or {"enable_thinking": True}) for m, t, kw in conversations]
     problems = training_template_problems(tokenizer, original, training, conversations, qwen3_hidden, limit=1)
     return problems[0] if problems else None
+
+
+# LFM2.5 templates show a turn's reasoning only after the last user message unless the caller passes
+# ``preserve_thinking=true``; the derived training template makes that the default.
+_PRESERVE_DEFAULT = re.compile(r"preserve_thinking\s*\|\s*default\(\s*false\s*\)")
+
+
+def derive_lfm2_training(original: str) -> str | None:
+    """The tokenizer's LFM2.5 template with ``preserve_thinking`` on by default (every turn keeps its
+    reasoning); None for a template without that switch (LFM2 v2 renders no reasoning at all)."""
+    derived, n = _PRESERVE_DEFAULT.subn("preserve_thinking | default(true)", original)
+    return derived if n == 1 else None
+
+
+_LFM2_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def verify_lfm2_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check for a derived LFM2.5 template (reasoning given as ``thinking``, as it reads it)."""
+    conversations = [
+        ([{**m, "thinking": m["reasoning_content"]} if m.get("reasoning_content") is not None else m for m in msgs], tools, {})
+        for msgs, tools, _ in random_conversations(8, seed=0)
+    ]
+    problems = training_template_problems(tokenizer, original, training, conversations, lambda t: _LFM2_THINK.sub("", t), limit=1)
+    return problems[0] if problems else None

@@ -12,6 +12,7 @@ from agentrl.chat.parsers.registry import available_parsers, get_parser, parser_
 from agentrl.chat.parsers.deepseek_v3 import DeepSeekV3Parser
 from agentrl.chat.parsers.gpt_oss import GptOssParser
 from agentrl.chat.parsers.hermes import HermesParser
+from agentrl.chat.parsers.lfm2 import Lfm2Parser
 from agentrl.chat.parsers.llama3 import Llama3Parser
 from agentrl.chat.parsers.mistral import MistralParser
 from agentrl.chat.parsers.qwen3 import Qwen3Parser
@@ -21,6 +22,7 @@ __all__ = [
     "DeepSeekV3Parser",
     "GptOssParser",
     "Llama3Parser",
+    "Lfm2Parser",
     "MistralParser",
     "Qwen3XmlParser",
     "HermesParser",
