@@ -202,3 +202,17 @@ def trl_pairing(name: str) -> tuple[str, tuple[str, ...]]:
         if name.startswith(prefix):
             return pairing
     return ("qwen3", ())
+
+
+def trl_family_tokenizer(name: str) -> Any:
+    """A fresh tokenizer of family ``name`` whose own chat template is TRL's ``name`` template, as a
+    checkpoint ships it (not the shared cached one: callers may change it)."""
+    base, added = trl_pairing(name)
+    tok = load_asset_tokenizer(base)
+    missing = [t for t in added if t not in tok.get_vocab()]
+    if missing:
+        tok.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+    if "<|startoftext|>" in added:  # LFM2's BOS, which its templates write first
+        tok.bos_token = "<|startoftext|>"
+    tok.chat_template = trl_template(name)
+    return tok

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_fixtures import build_tiny_tokenizer, load_asset_tokenizer, tool_call, tool_result
+from chat_fixtures import build_tiny_tokenizer, load_asset_tokenizer, tool_call, tool_result, trl_family_tokenizer
 from test_chat_parsers import ARGS, KNOWN_KINDS, check_invariants, corrupt, typed
 
 from agentrl.chat import ChatFormat, available_formats, detect_format, format_spec, get_chat_format, get_parser
@@ -145,11 +145,43 @@ FAMILIES = {
         ("<|channel|>secret<|message|>42", {"unknown_channel"}, 0),
         ("", {"empty"}, 0),
     ]),
+    # GPT-OSS on its own (TRL-vendored) template: the derived training template is used.
+    "gpt_oss_own": Family("gpt_oss", lambda p: trl_family_tokenizer("gptoss"), True, reasoning=True, valid=[
+        "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant to=functions.f<|channel|>commentary json"
+        '<|message|>{"a": 1}',
+    ], cases=[
+        ('<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>'
+         '{"a": 1}', set(), 1),
+        ("<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{bad", {"bad_json"}, 1),
+    ]),
+    # LFM2.5 on its own template (derived training template), and LFM2 v2 (escaped strings).
+    "lfm2": Family("lfm2", lambda p: trl_family_tokenizer("lfm2_2_5"), True, reasoning=True, valid=[
+        "<think>Need it.</think>Sure.<|tool_call_start|>[f(a=1, s='x y', l=['a', 'b'], o={\"k\": null})]<|tool_call_end|>",
+        "<|tool_call_start|>[f(), g(flag=True, n=None, x=-2.5e3)]<|tool_call_end|>Checking.",
+        "<|tool_call_start|>[f(s='it\\'s\\n', t='C:\\\\x')]<|tool_call_end|>",
+    ], cases=[
+        ("<|tool_call_start|>[f(a=1, b='x')]<|tool_call_end|>", set(), 1),
+        ("<|tool_call_start|>[f(a=1), g(b=[1, 2])]<|tool_call_end|>", set(), 2),
+        ("<think>hm</think>ok<|tool_call_start|>[f()]<|tool_call_end|>", set(), 1),
+        ("<|tool_call_start|>[f(a=1)", {"unclosed_tag"}, 1),
+        ("<|tool_call_start|>[f(a=1", {"unclosed_tag", "bad_value"}, 1),
+        ("<|tool_call_start|>f(a=1)<|tool_call_end|>", {"not_a_list"}, 0),
+        ("<|tool_call_start|>[f(a=x)]<|tool_call_end|>", {"bad_value"}, 1),
+        ("<|tool_call_start|>[f(a='x)]<|tool_call_end|>", {"bad_value"}, 1),
+        ("<|tool_call_start|>[(a=1)]<|tool_call_end|>", {"missing_name"}, 0),
+        ("<|tool_call_start|>[f(a=1, a=2)]<|tool_call_end|>", {"duplicate_parameter"}, 1),
+        ("<|tool_call_start|>[]<|tool_call_end|>", {"empty_call"}, 0),
+        ("<|tool_call_start|>[f()] x<|tool_call_end|>", {"trailing_text"}, 1),
+        ("done<|tool_call_end|>", {"stray_tag"}, 0),
+        ("<think><|tool_call_start|>[f()]<|tool_call_end|></think>No.", {"call_in_reasoning"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    "lfm2_v2": Family("lfm2", lambda p: trl_family_tokenizer("lfm2_v2"), True),
 }  # fmt: skip
 
 
 def test_every_format_has_a_family_here() -> None:
-    assert set(FAMILIES) == set(available_formats())
+    assert {f.name for f in FAMILIES.values()} == set(available_formats())
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -214,8 +246,9 @@ def test_render_equals_apply_chat_template(family: tuple[Family, ChatFormat]) ->
     conv = [SYSTEM, USER, call_turn(fam), tool_result("sunny", call_id="call_0"), tool_result("3", "add", "call_1")]
     for gen in (True, False):
         messages = conv if gen else conv[:3]
+        adapted = fmt._adapt(list(messages)) if fmt._adapt is not None else messages  # the format's message shape
         expected = fmt.tokenizer.apply_chat_template(
-            messages, tools=TOOLS, chat_template=fmt.chat_template, add_generation_prompt=gen
+            adapted, tools=TOOLS, chat_template=fmt.chat_template, add_generation_prompt=gen
         )["input_ids"]
         assert fmt.render(messages, TOOLS, add_generation_prompt=gen) == expected
 
@@ -314,7 +347,8 @@ def test_seeded_corruptions_never_raise(family: tuple[Family, ChatFormat]) -> No
     fam, fmt = family
     rng = random.Random(fam.name)
     markers = [m for text in fam.valid for m in ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<function=",
-               "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "```") if m in text]  # fmt: skip
+               "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "```", "<|tool_call_start|>",
+               "<|tool_call_end|>", "(", "'") if m in text]  # fmt: skip
     kinds: set[str] = set()
     for _ in range(300):
         text = corrupt(rng.choice(fam.valid), rng)

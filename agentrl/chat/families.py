@@ -30,6 +30,23 @@ def arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+def lfm2_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """LFM2's templates read reasoning from ``thinking`` and iterate over each call's arguments: a
+    call whose arguments could not be parsed (kept as text) is rendered with none, not a crash."""
+    out = []
+    for m in arguments_as_objects(thinking_from_reasoning(messages)):
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if calls and any(not isinstance(c.get("function", c).get("arguments"), dict) for c in calls):
+            fixed = []
+            for c in calls:
+                fn = dict(c.get("function", c))
+                fn["arguments"] = fn.get("arguments") if isinstance(fn.get("arguments"), dict) else {}
+                fixed.append({**c, "function": fn})
+            m = {**m, "tool_calls": fixed}
+        out.append(m)
+    return out
+
+
 HERMES = register_format(FormatSpec(name="hermes", parser="hermes", models="Qwen2.5, Hermes 2/3, agentrl's bundled model"))
 QWEN3 = register_format(
     FormatSpec(
@@ -120,7 +137,7 @@ LFM2 = register_format(
         parser="lfm2",
         models="LFM2 (v2 template), LFM2.5, LFM2.5-VL (Python-style calls)",
         thinking=True,
-        adapt_messages=thinking_from_reasoning,
+        adapt_messages=lfm2_messages,
         derive_training=derive_lfm2_training,
         verify_training=verify_lfm2_training,
     )

@@ -25,6 +25,8 @@ MARKUP: dict[str, list[str]] = {
                     "<｜tool▁sep｜>", "function<｜tool▁sep｜>f\n```json\n", "```", *_THINK],  # fmt: skip
     "gpt_oss": ["<|start|>assistant", "<|channel|>analysis", "<|channel|>commentary to=functions.f", "<|channel|>",
                 "<|message|>", "<|end|>", "<|constrain|>json", "to=functions.", "<|call|>"],  # fmt: skip
+    "lfm2": ["<|tool_call_start|>", "<|tool_call_end|>", "<|tool_call_start|>[", "[f(", "f(a=", "a='", "'", "\\'", ")",
+             "]", ", ", "=", "True", "None", "[", "{", *_THINK],  # fmt: skip
 }
 _NOISE = ["a", " ", "\n", "\t", "é", "日本", "\u200b", "\x00", "\ud7ff", "🙂", "<", ">", "=", "`"]
 
