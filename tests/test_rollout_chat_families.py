@@ -11,6 +11,9 @@ silent break, every unproven bridge a counted split that restarts from a fresh r
   the training template derived from it (every turn keeps its reasoning) proves every bridge.
 * Llama 3.1 (TRL's ``llama3_1.jinja`` on the Llama 3.1 tokenizer) is the non-Qwen family: tool
   results are ``ipython`` turns and every bridge is provable.
+* LFM2.5 (TRL's ``lfm2_2_5.jinja`` on Qwen3's tokenizer with LFM2's control tokens added): its own
+  template hides reasoning before the last user message; the training template derived from it
+  (``preserve_thinking`` on) proves every bridge.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from chat_fixtures import load_asset_tokenizer, trl_template
+from chat_fixtures import load_asset_tokenizer, trl_family_tokenizer, trl_template
 from test_rollout_qwen3_thinking import RestrictedHead, check_no_silent_break, rollout
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -31,7 +34,9 @@ WORDS = ["\n", "\n\n", "Hello", " world", " sum", " 42", "."]
 FAMILIES = {
     "qwen3_5": ("qwen3", ["<think>", "</think>", "<tool_call>", "<|im_end|>", "<|im_end|>", *WORDS]),
     "llama3_1": ("llama3", ["<|python_tag|>", "{", "<|eot_id|>", "<|eot_id|>", *WORDS]),
+    "lfm2_2_5": ("qwen3", ["<think>", "</think>", "<|tool_call_start|>", "[", "<|im_end|>", "<|im_end|>", *WORDS]),
 }
+FORMAT = {"qwen3_5": "qwen3_xml", "llama3_1": "llama3", "lfm2_2_5": "lfm2"}
 
 
 def tiny_model(tokenizer: Any, allowed_tokens: list[str]) -> Qwen3ForCausalLM:
@@ -51,8 +56,11 @@ def tiny_model(tokenizer: Any, allowed_tokens: list[str]) -> Qwen3ForCausalLM:
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request: pytest.FixtureRequest) -> tuple[str, Any, Qwen3ForCausalLM]:
     asset, allowed = FAMILIES[request.param]
-    tok = load_asset_tokenizer(asset)
-    tok.chat_template = trl_template({"qwen3_5": "qwen3_5_think", "llama3_1": "llama3_1"}[request.param])
+    if request.param == "lfm2_2_5":  # Qwen3's tokenizer with LFM2's control tokens added
+        tok = trl_family_tokenizer("lfm2_2_5")
+    else:
+        tok = load_asset_tokenizer(asset)
+        tok.chat_template = trl_template({"qwen3_5": "qwen3_5_think", "llama3_1": "llama3_1"}[request.param])
     if tok.pad_token_id is None:  # Llama ships none; the generator pads batches with it
         tok.pad_token = "<|finetune_right_pad_id|>"
     return request.param, tok, tiny_model(tok, allowed)
@@ -61,22 +69,22 @@ def family(request: pytest.FixtureRequest) -> tuple[str, Any, Qwen3ForCausalLM]:
 def test_bridges_proven_and_no_silent_break(family: tuple[str, Any, Qwen3ForCausalLM]) -> None:
     name, tok, model = family
     fmt = get_chat_format(tok)
-    assert fmt.name == {"qwen3_5": "qwen3_xml", "llama3_1": "llama3"}[name]
-    assert fmt.template_source.startswith("training template derived" if name == "qwen3_5" else "tokenizer")
+    assert fmt.name == FORMAT[name]
+    assert fmt.template_source.startswith("tokenizer" if name == "llama3_1" else "training template derived")
     trajs = rollout(fmt, model)
     proven, split = check_no_silent_break(fmt, trajs)
     metrics = rollout_metrics(trajs)
     assert metrics["bridges/proven"] == proven and metrics["prefix_splits"] == split == 0
     assert proven >= 3 * len(trajs)
-    if name == "qwen3_5":
+    if name in ("qwen3_5", "lfm2_2_5"):
         texts = [fmt.decode(s.completion_ids) for t in trajs for s in t.samples]
         assert sum(x.count("</think>") for x in texts) >= len(trajs)  # outputs did close reasoning
 
 
 def test_qwen35_original_template_splits_and_counts(family: tuple[str, Any, Qwen3ForCausalLM]) -> None:
-    """Qwen3.5's own template: tool results are bridged, each new question is a counted split."""
+    """Qwen3.5's (and LFM2.5's) own template: tool results are bridged, each new question is a counted split."""
     name, tok, model = family
-    if name != "qwen3_5":
+    if name == "llama3_1":
         pytest.skip("Llama 3.1's own template is prefix-preserving (above)")
     fmt = get_chat_format(tok, training_template=False)
     assert fmt.template_source == "tokenizer"
