@@ -6,8 +6,15 @@ import json
 from typing import Any
 
 from agentrl.chat.formats import FormatSpec, register_format
-from agentrl.chat.harmony_training import derive_gpt_oss_training, thinking_from_reasoning, verify_gpt_oss_training
-from agentrl.chat.training import derive_lfm2_training, derive_qwen3_xml_training, verify_lfm2_training, verify_qwen3_training, verify_qwen3_xml_training
+from agentrl.chat.derived import (
+    derive_gemma4_training,
+    derive_lfm2_training,
+    thinking_from_reasoning,
+    verify_gemma4_training,
+    verify_lfm2_training,
+)
+from agentrl.chat.harmony_training import derive_gpt_oss_training, verify_gpt_oss_training
+from agentrl.chat.training import derive_qwen3_xml_training, verify_qwen3_training, verify_qwen3_xml_training
 
 
 def arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -140,5 +147,21 @@ LFM2 = register_format(
         adapt_messages=lfm2_messages,
         derive_training=derive_lfm2_training,
         verify_training=verify_lfm2_training,
+    )
+)
+GEMMA4 = register_format(
+    FormatSpec(
+        name="gemma4",
+        parser="gemma4",
+        models="Gemma 4 (all template revisions), DiffusionGemma",
+        thinking=True,
+        end_tokens=("<turn|>", "<|tool_response>"),
+        derive_training=derive_gemma4_training,
+        verify_training=verify_gemma4_training,
+        limits={
+            "tool_result": "Gemma 4's templates write an assistant's text after the results of its own tool "
+            "calls, so a turn with both text and a call is rewritten when the results arrive (a turn with only "
+            "calls is bridged)",
+        },
     )
 )

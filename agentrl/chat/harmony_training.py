@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from agentrl.chat.derived import thinking_from_reasoning
 from agentrl.chat.training import random_conversations, training_template_problems
 
 Message = dict[str, Any]
@@ -54,17 +55,6 @@ def derive_gpt_oss_training(original: str) -> str | None:
     if kept != 2 or both != 1 or first != 1 or block != 1:
         return None
     return derived
-
-
-def thinking_from_reasoning(messages: list[Message]) -> list[Message]:
-    """GPT-OSS's template reads an assistant turn's reasoning from ``thinking``; parsers return
-    ``reasoning_content``. Copied across where only the latter is set."""
-    out = []
-    for m in messages:
-        if m.get("role") == "assistant" and m.get("reasoning_content") is not None and "thinking" not in m:
-            m = {**m, "thinking": m["reasoning_content"]}
-        out.append(m)
-    return out
 
 
 def harmony_hidden(text: str) -> str:

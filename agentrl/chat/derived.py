@@ -1,0 +1,91 @@
+"""Training templates derived from a tokenizer's own template: one small patch per family.
+
+Where a family's template rewrites history only through a switch or a condition it already has,
+the training template is that template with the switch set, not a copy of anyone's text: every
+other byte (system prompt, tool list, turn markup) stays what the checkpoint ships. Each derived
+template is used only after :func:`agentrl.chat.training.training_template_problems` accepts it
+(trained turns identical to the original's, everything but reasoning identical, prefixes kept).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from agentrl.chat.training import random_conversations, training_template_problems
+
+Message = dict[str, Any]
+
+# LFM2.5 shows a turn's reasoning only after the last user message unless ``preserve_thinking``.
+_LFM2_PRESERVE = re.compile(r"preserve_thinking\s*\|\s*default\(\s*false\s*\)")
+_LFM2_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def derive_lfm2_training(original: str) -> str | None:
+    """LFM2.5's template with ``preserve_thinking`` on by default (every turn keeps its reasoning);
+    None for a template without that switch (LFM2 v2 renders no reasoning at all)."""
+    derived, n = _LFM2_PRESERVE.subn("preserve_thinking | default(true)", original)
+    return derived if n == 1 else None
+
+
+def verify_lfm2_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check for a derived LFM2.5 template (reasoning given as ``thinking``, as it reads it)."""
+    conversations = [(thinking_from_reasoning(m), t, {}) for m, t, _ in random_conversations(8, seed=0)]
+    problems = training_template_problems(tokenizer, original, training, conversations, lambda t: _LFM2_THINK.sub("", t), limit=1)
+    return problems[0] if problems else None
+
+
+def thinking_from_reasoning(messages: list[Message]) -> list[Message]:
+    """GPT-OSS's and LFM2.5's templates read an assistant turn's reasoning from ``thinking``; parsers
+    return ``reasoning_content``. Copied across where only the latter is set."""
+    out = []
+    for m in messages:
+        if m.get("role") == "assistant" and m.get("reasoning_content") is not None and "thinking" not in m:
+            m = {**m, "thinking": m["reasoning_content"]}
+        out.append(m)
+    return out
+
+
+# Gemma 4 (latest revision) and DiffusionGemma: reasoning is shown only after the last user message
+# (or for calls, with ``preserve_thinking``), and a model turn whose calls got their results is
+# closed with ``<turn|>`` when nothing follows, although the generation prompt then opens no new
+# turn and the answer continues the same one: the prompt is not a prefix of the answered turn.
+_GEMMA_GATE = re.compile(r"\(loop\.index0 > ns_turn\.last_user_idx\) or \(preserve_thinking and message\.get\('tool_calls'\)\)")
+_GEMMA_CLOSE = re.compile(r"not \(ns_tr_out\.flag and not has_content and not next_nt\.found\)")
+_GEMMA_CONTINUES = re.compile(r"\{%-?\s*elif continues_into_next\s*-?%\}")
+_GEMMA_THOUGHT = re.compile(r"<\|channel>thought\n.*?<channel\|>", re.DOTALL)
+# The latest revision runs a call turn's text straight into the answer that continues the turn; the
+# earlier ones (and the derived template) close the text with <turn|> first.
+_GEMMA_INNER_CLOSE = re.compile(r"<turn\|>\n(?!<\|turn>|$)")
+
+
+def gemma4_hidden(text: str) -> str:
+    """A Gemma 4 render without thought channels and without a <turn|> that does not end a turn."""
+    return _GEMMA_INNER_CLOSE.sub("", _GEMMA_THOUGHT.sub("", text))
+
+
+def derive_gemma4_training(original: str) -> str | None:
+    """The tokenizer's Gemma 4 template with every turn's reasoning kept, and a model turn closed the
+    way the earlier revisions close it (left open after tool results for the answer that continues
+    it; closed after text whatever follows); None for a revision without those conditions (the
+    earlier ones need no training template)."""
+    derived, gate = _GEMMA_GATE.subn("true", original)
+    derived, close = _GEMMA_CLOSE.subn("not (ns_tr_out.flag and not has_content)", derived)
+    derived, cont = _GEMMA_CONTINUES.subn("{%- elif false -%}", derived)
+    return derived if gate == 1 and close == 1 and cont == 1 else None
+
+
+def text_beside_calls(message: Message) -> bool:
+    """A turn with text and tool calls: Gemma 4 moves its text after the results (a declared split)."""
+    return bool(message.get("tool_calls")) and bool(str(message.get("content") or "").strip())
+
+
+def verify_gemma4_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check with thought channels as the hidden history; where the original's own prompt
+    after tool results is not a prefix of its answered turn, the turn is compared as its tail."""
+    conversations = [(m, t, {}) for m, t, _ in random_conversations(8, seed=0)]
+    problems = training_template_problems(
+        tokenizer, original, training, conversations, gemma4_hidden, limit=1,
+        original_rewrites=True, split_after=text_beside_calls,
+    )  # fmt: skip
+    return problems[0] if problems else None
