@@ -177,6 +177,27 @@ FAMILIES = {
         ("", {"empty"}, 0),
     ]),
     "lfm2_v2": Family("lfm2", lambda p: trl_family_tokenizer("lfm2_v2"), True),
+    # Gemma 4 on its own template (Gemma 3's tokenizer with Gemma 4's control tokens added).
+    "gemma4": Family("gemma4", lambda p: trl_family_tokenizer("gemma4"), True, reasoning=True, valid=[
+        '<|channel>thought\nNeed it.\n<channel|><|tool_call>call:f{a:1,s:<|"|>x, y: z<|"|>,o:{k:null,l:[1,<|"|>b<|"|>]}}'
+        "<tool_call|>",
+        "<|tool_call>call:f{}<tool_call|><|tool_call>call:g{flag:true,x:-2.5e3}<tool_call|>Checking.",
+        "Just an answer.",
+    ], cases=[
+        ('<|tool_call>call:f{a:1,b:<|"|>x<|"|>}<tool_call|>', set(), 1),
+        ("<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{b:[1,2]}<tool_call|>", set(), 2),
+        ("<|channel>thought\nhm\n<channel|>ok<|tool_call>call:f{}<tool_call|>", set(), 1),
+        ("<|tool_call>call:f{a:1}", {"unclosed_tag"}, 1),
+        ("<|tool_call>call:f{a:1<tool_call|>", {"bad_value"}, 1),
+        ("<|tool_call>f{a:1}<tool_call|>", {"missing_name"}, 0),
+        ("<|tool_call>call:f{a:x}<tool_call|>", {"bad_value"}, 1),
+        ('<|tool_call>call:f{a:<|"|>x}<tool_call|>', {"bad_value"}, 1),
+        ("<|tool_call>call:f{a:1,a:2}<tool_call|>", {"bad_value"}, 1),
+        ("<|tool_call>call:f{} extra<tool_call|>", {"trailing_text"}, 1),
+        ("done<tool_call|>", {"stray_tag"}, 0),
+        ("<|channel>thought\n<|tool_call>call:f{}<tool_call|><channel|>No.", {"call_in_reasoning"}, 0),
+        ("", {"empty"}, 0),
+    ]),
 }  # fmt: skip
 
 
@@ -348,7 +369,7 @@ def test_seeded_corruptions_never_raise(family: tuple[Family, ChatFormat]) -> No
     rng = random.Random(fam.name)
     markers = [m for text in fam.valid for m in ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<function=",
                "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "```", "<|tool_call_start|>",
-               "<|tool_call_end|>", "(", "'") if m in text]  # fmt: skip
+               "<|tool_call_end|>", "(", "'", "<|tool_call>", "<tool_call|>", '<|"|>', "{", ":") if m in text]  # fmt: skip
     kinds: set[str] = set()
     for _ in range(300):
         text = corrupt(rng.choice(fam.valid), rng)

@@ -46,6 +46,18 @@ def thinking_from_reasoning(messages: list[Message]) -> list[Message]:
     return out
 
 
+# Nemotron 3 truncates the reasoning of turns before the last user message unless the caller passes
+# ``truncate_history_thinking=false``.
+_NEMOTRON_TRUNCATE = re.compile(r"(truncate_history_thinking if truncate_history_thinking is defined else )True\b")
+
+
+def derive_nemotron_training(original: str) -> str | None:
+    """Nemotron 3's template with ``truncate_history_thinking`` off by default (every turn keeps its
+    reasoning); None for a template without that switch."""
+    derived, n = _NEMOTRON_TRUNCATE.subn(r"\1False", original)
+    return derived if n == 1 else None
+
+
 # Gemma 4 (latest revision) and DiffusionGemma: reasoning is shown only after the last user message
 # (or for calls, with ``preserve_thinking``), and a model turn whose calls got their results is
 # closed with ``<turn|>`` when nothing follows, although the generation prompt then opens no new

@@ -9,6 +9,7 @@ from agentrl.chat.formats import FormatSpec, register_format
 from agentrl.chat.derived import (
     derive_gemma4_training,
     derive_lfm2_training,
+    derive_nemotron_training,
     thinking_from_reasoning,
     verify_gemma4_training,
     verify_lfm2_training,
@@ -54,6 +55,11 @@ def lfm2_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def derive_xml_training(original: str) -> str | None:
+    """Qwen3.5/3.6/3.8's condition, else Nemotron 3's switch (both hide earlier reasoning)."""
+    return derive_qwen3_xml_training(original) or derive_nemotron_training(original)
+
+
 HERMES = register_format(FormatSpec(name="hermes", parser="hermes", models="Qwen2.5, Hermes 2/3, agentrl's bundled model"))
 QWEN3 = register_format(
     FormatSpec(
@@ -82,12 +88,8 @@ QWEN3_XML = register_format(
         template="qwen3_xml_tools.jinja",
         thinking=True,
         adapt_messages=arguments_as_objects,
-        derive_training=derive_qwen3_xml_training,
+        derive_training=derive_xml_training,
         verify_training=verify_qwen3_xml_training,
-        limits={
-            "new_question": "Nemotron 3's templates truncate the reasoning of turns before the last user "
-            "question (truncate_history_thinking), so a new question starts a new sample",
-        },
     )
 )
 LLAMA3 = register_format(

@@ -197,7 +197,7 @@ def _show(tokenizer: Any, a: list[int], b: list[int]) -> str:
     return f"first difference at token {j}: original {dec(a)!r} vs training {dec(b)!r}"
 
 
-_THINK = re.compile(r"<think>.*?</think>\n\n", re.DOTALL)
+_THINK = re.compile(r"<think>.*?</think>\n*", re.DOTALL)  # Qwen writes two newlines after it, Nemotron one
 _AFTER_HEADER = re.compile(r"(<\|im_start\|>assistant\n)\n+")
 
 
@@ -232,8 +232,27 @@ def verify_qwen3_xml_training(tokenizer: Any, original: str, training: str) -> s
     generation prompt closes the reasoning block (Qwen3.5 non-thinking) reasons only when asked, so
     its thinking conversations pass ``enable_thinking=True``."""
     conversations = random_conversations(8, seed=0)
-    if "</think>" in generation_prompt(tokenizer, original, {}):
+    prompt = generation_prompt(tokenizer, original, {})
+    if "</think>" in prompt:
         conversations = [(m, t, kw or {"enable_thinking": True}) for m, t, kw in conversations]
+    elif "<think>" in prompt and "<think></think>" in _empty_reasoning_turn(tokenizer, original):
+        # Nemotron 3 prompts with <think>\n but renders empty reasoning as <think></think>, which no
+        # model prompted that way can write: with thinking on, every turn it writes has reasoning.
+        conversations = [(m if kw else [_with_reasoning(x) for x in m], t, kw) for m, t, kw in conversations]
     problems = training_template_problems(tokenizer, original, training, conversations, qwen3_hidden, limit=1)
     return problems[0] if problems else None
+
+
+def _empty_reasoning_turn(tokenizer: Any, template: str) -> str:
+    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": ""}]
+    try:
+        return tokenizer.apply_chat_template(probe, chat_template=template, tokenize=False)
+    except Exception:
+        return ""
+
+
+def _with_reasoning(message: Message) -> Message:
+    if message.get("role") == "assistant" and not message.get("reasoning_content"):
+        return {**message, "reasoning_content": "Think."}
+    return message
 
