@@ -101,3 +101,40 @@ def verify_gemma4_training(tokenizer: Any, original: str, training: str) -> str 
         original_rewrites=True, split_after=text_beside_calls,
     )  # fmt: skip
     return problems[0] if problems else None
+
+
+# GLM-4 MoE shows reasoning only after the last user message, and writes no end of turn at all: the
+# token that stops generation (<|observation|> after calls, <|user|> after an answer) is written as
+# the first token of the next message. The derived template keeps every turn's reasoning and, for a
+# conversation that ends with an assistant turn, writes that stop token after it, as the model does;
+# the next message then starts right after it, so renders are token prefixes of later ones.
+_GLM_LAST_USER = re.compile(r"(\{%-?\s*if\s+)loop\.index0\s*>\s*ns\.last_user_index\s+and\s+(reasoning_content\s*-?%\})")
+_GLM_TOOL_BRANCH = re.compile(r"(\{%-?\s*elif m\.role == 'tool'\s*-?%\})")
+_GLM_STOP = "{%- if loop.last and not add_generation_prompt %}{{- '<|observation|>' if m.tool_calls else '<|user|>' }}{%- endif %}"
+GLM_STOPS = ("<|observation|>", "<|user|>")
+
+
+def derive_glm4_training(original: str) -> str | None:
+    """GLM-4 MoE's template with every turn's reasoning kept and a final assistant turn closed by the
+    token the model stops on; None when the template is not one these patches fit."""
+    derived, kept = _GLM_LAST_USER.subn(r"\1\2", original)
+    derived, closed = _GLM_TOOL_BRANCH.subn(lambda m: _GLM_STOP + m.group(1), derived)
+    return derived if kept == 1 and closed == 1 else None
+
+
+_GLM_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_GLM_END = re.compile(r"(?:<\|observation\|>|<\|user\|>)$")
+
+
+def glm4_hidden(text: str) -> str:
+    """A GLM render without reasoning and without a stop token ending it."""
+    return _GLM_END.sub("", _GLM_THINK.sub("", text))
+
+
+def verify_glm4_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check; the trained turn may end with the stop token the original leaves to the next message."""
+    conversations = random_conversations(8, seed=0)
+    problems = training_template_problems(
+        tokenizer, original, training, conversations, glm4_hidden, limit=1, turn_ends=GLM_STOPS
+    )
+    return problems[0] if problems else None

@@ -7,11 +7,14 @@ from typing import Any
 
 from agentrl.chat.formats import FormatSpec, register_format
 from agentrl.chat.derived import (
+    GLM_STOPS,
     derive_gemma4_training,
+    derive_glm4_training,
     derive_lfm2_training,
     derive_nemotron_training,
     thinking_from_reasoning,
     verify_gemma4_training,
+    verify_glm4_training,
     verify_lfm2_training,
 )
 from agentrl.chat.harmony_training import derive_gpt_oss_training, verify_gpt_oss_training
@@ -38,9 +41,10 @@ def arguments_as_objects(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-def lfm2_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """LFM2's templates read reasoning from ``thinking`` and iterate over each call's arguments: a
-    call whose arguments could not be parsed (kept as text) is rendered with none, not a crash."""
+def mapping_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """LFM2's and GLM-4's templates iterate over each call's arguments: a call whose arguments could
+    not be parsed (kept as text) is rendered with none, not a crash. LFM2.5 reads reasoning from
+    ``thinking``, so it is copied there too."""
     out = []
     for m in arguments_as_objects(thinking_from_reasoning(messages)):
         calls = m.get("tool_calls") if m.get("role") == "assistant" else None
@@ -146,7 +150,7 @@ LFM2 = register_format(
         parser="lfm2",
         models="LFM2 (v2 template), LFM2.5, LFM2.5-VL (Python-style calls)",
         thinking=True,
-        adapt_messages=lfm2_messages,
+        adapt_messages=mapping_arguments,
         derive_training=derive_lfm2_training,
         verify_training=verify_lfm2_training,
     )
@@ -165,5 +169,17 @@ GEMMA4 = register_format(
             "calls, so a turn with both text and a call is rewritten when the results arrive (a turn with only "
             "calls is bridged)",
         },
+    )
+)
+GLM4 = register_format(
+    FormatSpec(
+        name="glm4",
+        parser="glm4",
+        models="GLM-4.5 / 4.6 (GLM-4 MoE: <arg_key>/<arg_value> calls)",
+        thinking=True,
+        adapt_messages=mapping_arguments,
+        end_tokens=GLM_STOPS,
+        derive_training=derive_glm4_training,
+        verify_training=verify_glm4_training,
     )
 )

@@ -85,6 +85,7 @@ def training_template_problems(
     split_after: Callable[[Message], bool] | None = None,
     original_may_refuse: bool = False,
     original_rewrites: bool = False,
+    turn_ends: tuple[str, ...] = (),
 ) -> list[str]:
     """Up to ``limit`` descriptions of where ``training`` may not stand in for ``original``.
 
@@ -96,7 +97,9 @@ def training_template_problems(
     checked (it must render, and keep prefixes). ``original_rewrites``: the original itself rewrites
     the history before the turn once the turn is added (harmony drops earlier analysis), so its
     trained turn is the tail of its render, and the training prompt must be (up to ``hidden``) the
-    original's prompt or the context the original renders the turn in.
+    original's prompt or the context the original renders the turn in. ``turn_ends``: tokens that
+    stop generation but that the original writes as the next message's first token (GLM-4): the
+    trained turn may end with one of them beyond the original's.
     """
 
     prompts: dict[Any, str] = {}
@@ -148,7 +151,7 @@ def training_template_problems(
                     )
             elif o_full[: len(o_prompt)] != o_prompt or t_full[: len(t_prompt)] != t_prompt:
                 problems.append(f"{where}: a generation prompt is not a prefix of its turn")
-            elif o_full[len(o_prompt) :] != t_full[len(t_prompt) :]:
+            elif o_full[len(o_prompt) :] != _without_end(tokenizer, t_full[len(t_prompt) :], o_full[len(o_prompt) :], turn_ends):
                 diff = _show(tokenizer, o_full[len(o_prompt) :], t_full[len(t_prompt) :])
                 problems.append(f"{where}: the trained turn differs: {diff}")
             elif _gen_tail(tokenizer, o_prompt) != _gen_tail(tokenizer, t_prompt):
@@ -178,6 +181,13 @@ def generation_prompt(tokenizer: Any, template: str, kwargs: dict[str, Any]) -> 
     except Exception:
         return ""
     return on[len(off) :] if on.startswith(off) else ""
+
+
+def _without_end(tokenizer: Any, turn: list[int], original: list[int], ends: tuple[str, ...]) -> list[int]:
+    """``turn`` less a final stop token from ``ends`` that the original's turn does not have."""
+    if ends and len(turn) == len(original) + 1 and tokenizer.convert_ids_to_tokens(turn[-1]) in ends:
+        return turn[:-1]
+    return turn
 
 
 def _next_assistant(messages: list[Message], end: int) -> int:

@@ -11,6 +11,7 @@ from agentrl.chat.parsers.registry import available_parsers, get_parser, parser_
 # Built-in families register themselves on import.
 from agentrl.chat.parsers.deepseek_v3 import DeepSeekV3Parser
 from agentrl.chat.parsers.gemma4 import Gemma4Parser
+from agentrl.chat.parsers.glm4 import Glm4Parser
 from agentrl.chat.parsers.gpt_oss import GptOssParser
 from agentrl.chat.parsers.hermes import HermesParser
 from agentrl.chat.parsers.lfm2 import Lfm2Parser
@@ -22,6 +23,7 @@ from agentrl.chat.parsers.qwen3_xml import Qwen3XmlParser
 __all__ = [
     "DeepSeekV3Parser",
     "Gemma4Parser",
+    "Glm4Parser",
     "GptOssParser",
     "Llama3Parser",
     "Lfm2Parser",
