@@ -177,6 +177,27 @@ FAMILIES = {
         ("", {"empty"}, 0),
     ]),
     "lfm2_v2": Family("lfm2", lambda p: trl_family_tokenizer("lfm2_v2"), True),
+    # GLM-4 MoE on its own template (Qwen3's tokenizer with GLM's control tokens added).
+    "glm4": Family("glm4", lambda p: trl_family_tokenizer("glm4moe"), True, reasoning=True, valid=[
+        "\n<think>Need it.</think>\nSure.\n<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n"
+        "<arg_key>s</arg_key>\n<arg_value>x y</arg_value>\n</tool_call>",
+        "\n<think></think>\n<tool_call>g\n<arg_key>o</arg_key>\n<arg_value>{\"k\": [1, null]}</arg_value>\n</tool_call>"
+        "\n<tool_call>h\n</tool_call>",
+    ], cases=[
+        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>", set(), 1),
+        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>\n<tool_call>g\n</tool_call>", set(), 2),
+        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>", {"unclosed_tag"}, 1),
+        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1\n</tool_call>", {"unclosed_tag"}, 1),
+        ("<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", {"missing_name"}, 0),
+        ("<tool_call></tool_call>", {"empty_call"}, 0),
+        ("<tool_call>add\n<arg_key>int</arg_key>\n<arg_value>seven</arg_value>\n</tool_call>", {"bad_value"}, 1),
+        ("<tool_call>f\n<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2</arg_value></tool_call>",
+         {"duplicate_parameter"}, 1),
+        ("<tool_call>f\n</tool_call> and more", {"trailing_text"}, 1),
+        ("done</tool_call>", {"stray_tag"}, 0),
+        ("<think><tool_call>f\n</tool_call></think>No.", {"call_in_reasoning"}, 0),
+        ("", {"empty"}, 0),
+    ]),
     # Gemma 4 on its own template (Gemma 3's tokenizer with Gemma 4's control tokens added).
     "gemma4": Family("gemma4", lambda p: trl_family_tokenizer("gemma4"), True, reasoning=True, valid=[
         '<|channel>thought\nNeed it.\n<channel|><|tool_call>call:f{a:1,s:<|"|>x, y: z<|"|>,o:{k:null,l:[1,<|"|>b<|"|>]}}'
@@ -240,6 +261,7 @@ def test_detected_by_behaviour(family: tuple[Family, ChatFormat]) -> None:
     # A fork: other instructions, other blank lines; the calls are written the same way.
     fork = template.replace("\\n\\n", "\\n\\n\\n", 1).replace("{{- bos_token", "{{- 'Forked.\\n' + bos_token", 1)
     fork = fork.replace("<|im_start|>system\\n", "<|im_start|>system\\nForked.\\n", 1)
+    fork = fork.replace("You may call one or more functions", "Forked. You may call one or more functions", 1)
     assert fork != template
     assert detect_format(fmt.tokenizer, fork) == expected
 
@@ -369,7 +391,8 @@ def test_seeded_corruptions_never_raise(family: tuple[Family, ChatFormat]) -> No
     rng = random.Random(fam.name)
     markers = [m for text in fam.valid for m in ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<function=",
                "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "```", "<|tool_call_start|>",
-               "<|tool_call_end|>", "(", "'", "<|tool_call>", "<tool_call|>", '<|"|>', "{", ":") if m in text]  # fmt: skip
+               "<|tool_call_end|>", "(", "'", "<|tool_call>", "<tool_call|>", '<|"|>', "{", ":", "<arg_key>",
+               "</arg_value>", "<tool_call>") if m in text]  # fmt: skip
     kinds: set[str] = set()
     for _ in range(300):
         text = corrupt(rng.choice(fam.valid), rng)

@@ -91,6 +91,7 @@ DEEP_CALLS = {
     "qwen3_xml": "<tool_call>\n<function=f>\n<parameter=a>\n" + "[" * 500 + "]" * 500 + "\n</parameter>\n</function>\n</tool_call>",
     "lfm2": "<|tool_call_start|>[f(a=" + "[" * 500 + "]" * 500 + ")]<|tool_call_end|>",
     "gemma4": "<|tool_call>call:f{a:" + "[" * 500 + "]" * 500 + "}<tool_call|>",
+    "glm4": "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>" + "[" * 500 + "]" * 500 + "</arg_value>\n</tool_call>",
 }
 
 
@@ -144,7 +145,7 @@ def test_shallow_trajectory_serialises_as_before() -> None:
     assert traj.to_dict() == expected
 
 
-@pytest.mark.parametrize("name", ["hermes", "qwen3", "qwen3_xml", "llama3", "mistral", "deepseek_v3", "gpt_oss", "lfm2", "lfm2_list", "gemma4"])
+@pytest.mark.parametrize("name", ["hermes", "qwen3", "qwen3_xml", "llama3", "mistral", "deepseek_v3", "gpt_oss", "lfm2", "lfm2_list", "gemma4", "glm4"])
 def test_a_million_openers_are_capped(name: str) -> None:
     one = {
         "hermes": '<tool_call>{"name": "f", "arguments": {}}</tool_call>', "qwen3": '<tool_call>{"name": "f"}</tool_call>',
@@ -152,7 +153,7 @@ def test_a_million_openers_are_capped(name: str) -> None:
         "mistral": "[TOOL_CALLS]f[ARGS]{}", "deepseek_v3": "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}<｜tool▁call▁end｜>",
         "gpt_oss": "<|start|>assistant<|channel|>commentary to=functions.f<|message|>{}<|end|>",
         "lfm2": "<|tool_call_start|>[f(a=1)]<|tool_call_end|>", "lfm2_list": "f(a='x'), ",
-        "gemma4": "<|tool_call>call:f{a:1}<tool_call|>",
+        "gemma4": "<|tool_call>call:f{a:1}<tool_call|>", "glm4": "<tool_call>f\n</tool_call>",
     }[name]  # fmt: skip
     prefix = {"deepseek_v3": "<｜tool▁calls▁begin｜>", "lfm2_list": "<|tool_call_start|>["}.get(name, "")
     result = get_parser(name.removesuffix("_list")).parse(prefix + one * 20_000)

@@ -27,6 +27,8 @@ MARKUP: dict[str, list[str]] = {
                 "<|message|>", "<|end|>", "<|constrain|>json", "to=functions.", "<|call|>"],  # fmt: skip
     "lfm2": ["<|tool_call_start|>", "<|tool_call_end|>", "<|tool_call_start|>[", "[f(", "f(a=", "a='", "'", "\\'", ")",
              "]", ", ", "=", "True", "None", "[", "{", *_THINK],  # fmt: skip
+    "glm4": ["<tool_call>", "</tool_call>", "<tool_call>f\n", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+             "<arg_key>a</arg_key>", "\n", *_THINK],  # fmt: skip
     "gemma4": ["<|tool_call>", "<tool_call|>", "<|tool_call>call:f{", "call:", '<|"|>', "a:", ":", ",", "{", "}", "[", "]",
                "true", "null", "<|channel>thought\n", "<channel|>", "<|tool_response>"],  # fmt: skip
 }

@@ -63,7 +63,7 @@ class Glm4Parser(ResponseParser):
                 issues.append(too_many_calls("tool calls"))
                 break
             start = pos + len(OPEN)
-            end, nxt = finder.find(CLOSE, start), finder.find(OPEN, start)
+            end, nxt = _outside_values(finder, CLOSE, start), _outside_values(finder, OPEN, start)
             closed = end != -1 and (nxt == -1 or end < nxt)
             stop = end if closed else (len(rest) if nxt == -1 else nxt)
             where = f"tool call {len(calls)}"
@@ -80,6 +80,20 @@ class Glm4Parser(ResponseParser):
                 kind = "trailing_text" if pos == -1 else "text_between_calls"
                 issues.append(ParseIssue(kind, f"after {where}: {gap.strip()[:80]!r}"))
         return ParsedResponse(content=content.strip(), reasoning=split.reasoning, tool_calls=calls, issues=issues)
+
+
+def _outside_values(finder: Finder, tag: str, start: int) -> int:
+    """The first ``tag`` from ``start`` that is not inside an ``<arg_value>`` (a string value may
+    hold ``</tool_call>`` or ``<tool_call>`` as text). Positions only move forward: linear."""
+    at = start
+    while True:
+        end, value = finder.find(tag, at), finder.find(VALUE_OPEN, at)
+        if value == -1 or end == -1 or end < value:
+            return end
+        value_end = finder.find(VALUE_CLOSE, value + len(VALUE_OPEN))
+        if value_end == -1:
+            return end
+        at = value_end + len(VALUE_CLOSE)
 
 
 def _call(body: str, where: str, types: dict[str, dict[str, Any]]) -> tuple[ToolCall | None, list[ParseIssue]]:
