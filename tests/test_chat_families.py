@@ -177,6 +177,8 @@ FAMILIES = {
         ("", {"empty"}, 0),
     ]),
     "lfm2_v2": Family("lfm2", lambda p: trl_family_tokenizer("lfm2_v2"), True),
+    # LFM2's first template renders no tool_calls: the format writes them into the content.
+    "lfm2_content": Family("lfm2_content", lambda p: trl_family_tokenizer("lfm2"), True),
     # GLM-4 MoE on its own template (Qwen3's tokenizer with GLM's control tokens added).
     "glm4": Family("glm4", lambda p: trl_family_tokenizer("glm4moe"), True, reasoning=True, valid=[
         "\n<think>Need it.</think>\nSure.\n<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n"

@@ -64,6 +64,36 @@ def derive_xml_training(original: str) -> str | None:
     return derive_qwen3_xml_training(original) or derive_nemotron_training(original)
 
 
+def _python_value(value: Any) -> str:
+    """An argument value as LFM2 writes it: a quoted escaped string, JSON for objects and lists,
+    Python's spelling otherwise (True, None, 2.5)."""
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
+        return f"'{escaped}'"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def calls_into_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """LFM2's first template renders only an assistant's content: its model writes the calls there,
+    ``<|tool_call_start|>[name(key=value, ...)]<|tool_call_end|>`` before the text, so that is where
+    the calls go (LFM2's later templates render ``tool_calls`` the same way)."""
+    out = []
+    for m in mapping_arguments(messages):
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if calls:
+            written = []
+            for c in calls:
+                fn = c.get("function", c)
+                args = ", ".join(f"{k}={_python_value(v)}" for k, v in (fn.get("arguments") or {}).items())
+                written.append(f"{fn.get('name')}({args})")
+            text = "<|tool_call_start|>[" + ", ".join(written) + "]<|tool_call_end|>"
+            m = {**m, "content": text + (m.get("content") or "")}
+        out.append(m)
+    return out
+
+
 HERMES = register_format(FormatSpec(name="hermes", parser="hermes", models="Qwen2.5, Hermes 2/3, agentrl's bundled model"))
 QWEN3 = register_format(
     FormatSpec(
@@ -181,5 +211,14 @@ GLM4 = register_format(
         end_tokens=GLM_STOPS,
         derive_training=derive_glm4_training,
         verify_training=verify_glm4_training,
+    )
+)
+LFM2_CONTENT = register_format(
+    FormatSpec(
+        name="lfm2_content",
+        parser="lfm2",
+        models="LFM2, first template (renders no tool_calls: the model writes calls as content)",
+        adapt_messages=calls_into_content,
+        prompt_markers=("<|tool_list_start|>", "<|tool_list_end|>"),
     )
 )

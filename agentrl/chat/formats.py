@@ -46,6 +46,9 @@ class FormatSpec:
     # why a bridge or a round trip cannot be exact however the template is written. `agentrl doctor`
     # prints the reason with the warning it explains.
     limits: dict[str, str] = field(default_factory=dict)
+    # Text around the tool list of a template that shows tools but renders no tool calls, because
+    # the model writes its calls as plain content (LFM2's first template): detects this format.
+    prompt_markers: tuple[str, ...] = ()
 
     def writes_syntax(self, probe: TemplateProbe) -> bool:
         """Whether a template that rendered ``probe`` writes this format's tool-call syntax."""
