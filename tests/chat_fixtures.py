@@ -141,6 +141,7 @@ TRL_TEMPLATE_TOKENIZER: dict[str, tuple[str, tuple[str, ...]]] = {
     "nemotron_3_nano": ("qwen3", ()),
     "lfm2": ("qwen3", ("<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
                        "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>")),
+    "muse_glimmer": ("qwen3", ("<|start|>", "<|message|>", "<|eot|>", "<|eom|>", "<|patch|>", "<|video|>")),
     "cohere2": ("qwen3", ("<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>",
                           "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>",
                           "<|START_ACTION|>", "<|END_ACTION|>", "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>",

@@ -26,6 +26,7 @@ from agentrl.chat.formats import read_template
 FAMILY_KINDS = KNOWN_KINDS | {
     "text_before_call", "python_code", "call_in_content", "not_a_list", "missing_arguments", "unopened_calls",
     "missing_message_tag", "missing_channel", "unknown_channel", "duplicate_parameter", "bad_value",
+    "recipient_mismatch",
 }  # fmt: skip
 
 MISTRAL_SPECIAL = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
@@ -200,6 +201,27 @@ FAMILIES = {
         ("<think><tool_call>f\n</tool_call></think>No.", {"call_in_reasoning"}, 0),
         ("", {"empty"}, 0),
     ]),
+    # Muse Glimmer (ATEM) on its own template (Qwen3's tokenizer with ATEM's control tokens added).
+    "atem": Family("atem", lambda p: trl_family_tokenizer("muse_glimmer"), True, reasoning=True, valid=[
+        " to=self<|message|>Need it.<|eom|><|start|>assistant to=f<|message|><atem:function_calls>\n"
+        '<atem:invoke name="f">\n<atem:parameter name="a">1</atem:parameter>\n<atem:parameter name="s">x y</atem:parameter>\n'
+        "</atem:invoke>\n</atem:function_calls>",
+        " to=user<|message|>It is 42.",
+    ], cases=[
+        (' to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">1</atem:parameter>\n'
+         "</atem:invoke>\n</atem:function_calls>", set(), 1),
+        (" to=self<|message|>hm<|eom|><|start|>assistant to=user<|message|>42", set(), 0),
+        (' to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">1', {"unclosed_tag"}, 1),
+        (' to=f<|message|><atem:function_calls>\n<atem:invoke name="g">\n</atem:invoke>\n</atem:function_calls>',
+         {"recipient_mismatch"}, 1),
+        (" to=f<|message|>just text", {"missing_name"}, 0),
+        (" to=f<|message|><atem:function_calls></atem:function_calls>", {"empty_call"}, 0),
+        (' to=add<|message|><atem:function_calls>\n<atem:invoke name="add">\n<atem:parameter name="int">seven'
+         "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>", {"bad_value"}, 1),
+        (" to=user 42", {"missing_message_tag"}, 0),
+        ("<|message|>42", {"missing_channel"}, 0),
+        ("", {"empty"}, 0),
+    ]),
     # Gemma 4 on its own template (Gemma 3's tokenizer with Gemma 4's control tokens added).
     "gemma4": Family("gemma4", lambda p: trl_family_tokenizer("gemma4"), True, reasoning=True, valid=[
         '<|channel>thought\nNeed it.\n<channel|><|tool_call>call:f{a:1,s:<|"|>x, y: z<|"|>,o:{k:null,l:[1,<|"|>b<|"|>]}}'
@@ -262,7 +284,7 @@ def test_detected_by_behaviour(family: tuple[Family, ChatFormat]) -> None:
     expected = fam.name if spec.prompt_markers else spec.parser  # calls as content: told by the tool list
     assert detect_format(fmt.tokenizer, template) == expected
     # A fork: other instructions, other blank lines; the calls are written the same way.
-    fork = template.replace("\\n\\n", "\\n\\n\\n", 1).replace("{{- bos_token", "{{- 'Forked.\\n' + bos_token", 1)
+    fork = template.replace("\\n\\n", "\\n\\n\\n", 1).replace("{{- bos_token", "{{- 'Forked.\\n' ~ bos_token", 1)
     fork = fork.replace("<|im_start|>system\\n", "<|im_start|>system\\nForked.\\n", 1)
     fork = fork.replace("You may call one or more functions", "Forked. You may call one or more functions", 1)
     assert fork != template
@@ -310,7 +332,8 @@ def test_round_trip_keeps_calls_and_types(family: tuple[Family, ChatFormat], con
     assert parsed.issues == [], parsed.issues
     expected = [("get_weather", typed({"city": "Paris"})), ("add", typed(ARGS))]
     assert [(c.name, typed(c.arguments)) for c in parsed.tool_calls] == expected[len(expected) - len(reply["tool_calls"]) :]
-    assert parsed.content == content
+    dropped = "text_beside_calls" in format_spec(fam.name).limits  # ATEM: a call turn carries no text
+    assert parsed.content == ("" if dropped else content)
     if fam.reasoning:
         assert parsed.reasoning == "Two tools.\nBoth now."
     # The parsed message renders back to the same ids (what the bridge relies on).
@@ -395,7 +418,7 @@ def test_seeded_corruptions_never_raise(family: tuple[Family, ChatFormat]) -> No
     markers = [m for text in fam.valid for m in ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<function=",
                "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "```", "<|tool_call_start|>",
                "<|tool_call_end|>", "(", "'", "<|tool_call>", "<tool_call|>", '<|"|>', "{", ":", "<arg_key>",
-               "</arg_value>", "<tool_call>") if m in text]  # fmt: skip
+               "</arg_value>", "<tool_call>", "<|eom|>", "<atem:invoke", "</atem:parameter>") if m in text]  # fmt: skip
     kinds: set[str] = set()
     for _ in range(300):
         text = corrupt(rng.choice(fam.valid), rng)

@@ -315,7 +315,7 @@ TRL_EXPECTED = {
     "lfm2_v2": "PASS", "lfm2_2_5": "PASS", "lfm2_2_5_v2": "PASS", "lfm2_2_5_vl": "PASS", "glm4moe": "PASS",
     "gemma4_v2": "PASS", "gemma4": "WARN", "gemma4_v3": "WARN", "gemma4_v4": "WARN", "gemma4_v5": "WARN",
     "llama3_1": "WARN", "llama3_2": "WARN", "gptoss": "WARN",
-    "lfm2": "PASS", "diffusion_gemma": "FAIL", "muse_glimmer": "FAIL", "cohere2": "FAIL",
+    "lfm2": "PASS", "muse_glimmer": "WARN", "diffusion_gemma": "FAIL", "cohere2": "FAIL",
 }  # fmt: skip
 # Which checks warn, and the declared reason each prints.
 _GEMMA_TEXT = ({"prefix: assistant -> tool -> assistant"}, "write an assistant's text after the results")
@@ -325,10 +325,11 @@ TRL_WARNINGS = {
     "gptoss": ({"tool-call round trip", "prefix: assistant -> user -> assistant"}, "harmony ends"),
     "gemma4": _GEMMA_TEXT, "gemma4_v3": _GEMMA_TEXT, "gemma4_v4": _GEMMA_TEXT,
     "gemma4_v5": ({"prefix: assistant -> tool -> assistant", "prefix: same, with reasoning"}, _GEMMA_TEXT[1]),
+    "muse_glimmer": ({"tool-call round trip"}, "a turn with tool calls carries no text"),
 }  # fmt: skip
 # Why each unsupported template fails (a phrase of the doctor's report).
 TRL_FAILURES = {
-    "diffusion_gemma": "generation prompt is not a prefix", "muse_glimmer": "not detected",
+    "diffusion_gemma": "generation prompt is not a prefix",
     "cohere2": "ignores tools=",
 }  # fmt: skip
 

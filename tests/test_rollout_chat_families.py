@@ -14,6 +14,7 @@ silent break, every unproven bridge a counted split that restarts from a fresh r
 * LFM2.5 (TRL's ``lfm2_2_5.jinja`` on Qwen3's tokenizer with LFM2's control tokens added): its own
   template hides reasoning before the last user message; the training template derived from it
   (``preserve_thinking`` on) proves every bridge.
+* Muse Glimmer (ATEM), whose own template keeps every message: every bridge proven.
 * GLM-4 MoE and Gemma 4 (latest revision): the derived training templates prove every bridge of
   answer -> new question episodes (see ``AnsweringEnv``); Gemma 4's own template splits and counts.
 """
@@ -43,8 +44,9 @@ FAMILIES = {
     # environment asks new questions; their tool-result bridges are proven in test_chat_families.
     "glm4moe": ("qwen3", ["\n", "<think>", "</think>", "<|user|>", "<|user|>", *WORDS]),
     "gemma4_v5": ("gemma3", ["<|channel>", "thought", "\n", "<channel|>", "<turn|>", "<turn|>", *WORDS]),
+    "muse_glimmer": ("qwen3", ["<|message|>", "<|eom|>", "<|start|>", "<|eot|>", "<|eot|>", *WORDS]),
 }
-FORMAT = {"qwen3_5": "qwen3_xml", "llama3_1": "llama3", "lfm2_2_5": "lfm2", "glm4moe": "glm4", "gemma4_v5": "gemma4"}
+FORMAT = {"qwen3_5": "qwen3_xml", "llama3_1": "llama3", "lfm2_2_5": "lfm2", "glm4moe": "glm4", "gemma4_v5": "gemma4", "muse_glimmer": "atem"}
 TRL_FILE = {"qwen3_5": "qwen3_5_think", "llama3_1": "llama3_1"}
 
 
@@ -98,7 +100,7 @@ def test_bridges_proven_and_no_silent_break(family: tuple[str, Any, Qwen3ForCaus
     name, tok, model = family
     fmt = get_chat_format(tok)
     assert fmt.name == FORMAT[name]
-    assert fmt.template_source.startswith("tokenizer" if name == "llama3_1" else "training template derived")
+    assert fmt.template_source.startswith("tokenizer" if name in ("llama3_1", "muse_glimmer") else "training template derived")
     trajs = rollout(fmt, model, env=env_for(name))
     proven, split = check_no_silent_break(fmt, trajs)
     metrics = rollout_metrics(trajs)
@@ -114,8 +116,8 @@ def test_qwen35_original_template_splits_and_counts(family: tuple[str, Any, Qwen
     """The families' own templates hide earlier reasoning: some bridges are proven (tool results; for
     Gemma 4, questions after turns without reasoning), new questions after reasoning are counted splits."""
     name, tok, model = family
-    if name == "llama3_1":
-        pytest.skip("Llama 3.1's own template is prefix-preserving (above)")
+    if name in ("llama3_1", "muse_glimmer"):
+        pytest.skip("this family's own template is prefix-preserving (above)")
     if name == "glm4moe":
         pytest.skip("GLM's own template writes no end of turn, so no bridge is provable on it (test_chat_training)")
     fmt = get_chat_format(tok, training_template=False)

@@ -222,3 +222,17 @@ LFM2_CONTENT = register_format(
         prompt_markers=("<|tool_list_start|>", "<|tool_list_end|>"),
     )
 )
+ATEM = register_format(
+    FormatSpec(
+        name="atem",
+        parser="atem",
+        models="Muse Glimmer (ATEM: messages addressed to self, a tool, or the user)",
+        thinking=True,
+        adapt_messages=mapping_arguments,
+        end_tokens=("<|eot|>",),
+        limits={
+            "text_beside_calls": "ATEM addresses text to the user, which ends the turn; a turn with tool calls "
+            "carries no text (Muse Glimmer's template drops it)",
+        },
+    )
+)

@@ -135,10 +135,10 @@ def diagnose(cfg: DoctorConfig) -> Report:
 
 # Which kind of a family's known limitations (FormatSpec.limits) explains a warning of which check.
 _LIMIT_OF_CHECK = {
-    "tool-call round trip": "parallel_calls",
-    "prefix: assistant -> tool -> assistant": "tool_result",
-    "prefix: same, with reasoning": "tool_result",
-    "prefix: assistant -> user -> assistant": "new_question",
+    "tool-call round trip": ("parallel_calls", "text_beside_calls"),
+    "prefix: assistant -> tool -> assistant": ("tool_result",),
+    "prefix: same, with reasoning": ("tool_result",),
+    "prefix: assistant -> user -> assistant": ("new_question",),
 }
 
 
@@ -151,9 +151,9 @@ def _declare_limits(fmt: Any, checks: list[C.Check]) -> None:
     except ValueError:  # a hand-built ChatFormat under a name no registry knows
         return
     for check in checks:
-        reason = limits.get(_LIMIT_OF_CHECK.get(check.name, ""))
-        if check.status == C.WARN and reason:
-            check.summary += f". Declared limitation of the {fmt.name!r} family: {reason}"
+        reasons = [limits[k] for k in _LIMIT_OF_CHECK.get(check.name, ()) if k in limits]
+        if check.status == C.WARN and reasons:
+            check.summary += f". Declared limitation of the {fmt.name!r} family: {'; '.join(reasons)}"
 
 
 def _raise(exc: Exception) -> Any:

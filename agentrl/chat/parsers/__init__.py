@@ -9,6 +9,7 @@ from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
 from agentrl.chat.parsers.registry import available_parsers, get_parser, parser_classes, register_parser
 
 # Built-in families register themselves on import.
+from agentrl.chat.parsers.atem import AtemParser
 from agentrl.chat.parsers.deepseek_v3 import DeepSeekV3Parser
 from agentrl.chat.parsers.gemma4 import Gemma4Parser
 from agentrl.chat.parsers.glm4 import Glm4Parser
@@ -21,6 +22,7 @@ from agentrl.chat.parsers.qwen3 import Qwen3Parser
 from agentrl.chat.parsers.qwen3_xml import Qwen3XmlParser
 
 __all__ = [
+    "AtemParser",
     "DeepSeekV3Parser",
     "Gemma4Parser",
     "Glm4Parser",
