@@ -58,48 +58,67 @@ def derive_nemotron_training(original: str) -> str | None:
     return derived if n == 1 else None
 
 
-# Gemma 4 (latest revision) and DiffusionGemma: reasoning is shown only after the last user message
-# (or for calls, with ``preserve_thinking``), and a model turn whose calls got their results is
-# closed with ``<turn|>`` when nothing follows, although the generation prompt then opens no new
-# turn and the answer continues the same one: the prompt is not a prefix of the answered turn.
-_GEMMA_GATE = re.compile(r"\(loop\.index0 > ns_turn\.last_user_idx\) or \(preserve_thinking and message\.get\('tool_calls'\)\)")
-_GEMMA_CLOSE = re.compile(r"not \(ns_tr_out\.flag and not has_content and not next_nt\.found\)")
+# Gemma 4 writes a model turn's calls, then the results of the tool messages that follow (inside the
+# same turn), then the turn's text: so a turn with text and a call is rewritten when its results
+# arrive (the model wrote the text before <|tool_response>, where the last-turn render has it). The
+# revisions after the first also show reasoning only after the last user message, and the latest
+# one closes a turn whose calls got results with <turn|> when nothing follows, although its
+# generation prompt then opens no new turn (the prompt is no prefix of the answered turn).
+_GEMMA_RESULTS = re.compile(r"\{%-?\s*set ns_tr_out = namespace\(flag=false\)\s*-?%\}")
+_GEMMA_TEXT = re.compile(r"\{%-?\s*(?:set captured_content|if message(?:\['content'\]|\.get\('content'\)) is string)\s*-?%\}")
+_GEMMA_HAS_CONTENT = re.compile(r"\{%-?\s*set has_content = [^%]*-?%\}")
+_GEMMA_END = re.compile(r"\{%-?\s*if ns\.prev_message_type == 'tool_call' and not ns_tr_out\.flag\s*-?%\}")
+_GEMMA_CLOSE = re.compile(r"not \(ns_tr_out\.flag and not (?:has_content|message\.get\('content'\))(?: and not next_nt\.found)?\)")
+_GEMMA_GATES = (
+    (re.compile(r"\(loop\.index0 > ns_turn\.last_user_idx\) or \(preserve_thinking and message\.get\('tool_calls'\)\)"), "true"),
+    (re.compile(r"thinking_text and loop\.index0 > ns_turn\.last_user_idx and message\.get\('tool_calls'\)"),
+     "thinking_text and message.get('tool_calls')"),
+)  # fmt: skip
 _GEMMA_CONTINUES = re.compile(r"\{%-?\s*elif continues_into_next\s*-?%\}")
 _GEMMA_THOUGHT = re.compile(r"<\|channel>thought\n.*?<channel\|>", re.DOTALL)
-# The latest revision runs a call turn's text straight into the answer that continues the turn; the
-# earlier ones (and the derived template) close the text with <turn|> first.
-_GEMMA_INNER_CLOSE = re.compile(r"<turn\|>\n(?!<\|turn>|$)")
+_GEMMA_INNER_CLOSE = re.compile(r"<turn\|>\n(?!<\|turn>)")
+_GEMMA_CALL_TEXT = re.compile(r"(<tool_call\|>)[^<]*(?=<\|tool_response>)")
+_GEMMA_RESULT_TEXT = re.compile(r"(<tool_response\|>)[^<]*")
 
 
 def gemma4_hidden(text: str) -> str:
-    """A Gemma 4 render without thought channels and without a <turn|> that does not end a turn."""
-    return _GEMMA_INNER_CLOSE.sub("", _GEMMA_THOUGHT.sub("", text))
+    """A Gemma 4 render without thought channels, without a <turn|> that does not end a turn, and
+    without the free text beside calls and results (which the original and the training template
+    place differently; the trained turns themselves are compared exactly)."""
+    text = _GEMMA_INNER_CLOSE.sub("", _GEMMA_THOUGHT.sub("", text))
+    return _GEMMA_RESULT_TEXT.sub(r"\1", _GEMMA_CALL_TEXT.sub(r"\1", text))
 
 
 def derive_gemma4_training(original: str) -> str | None:
-    """The tokenizer's Gemma 4 template with every turn's reasoning kept, and a model turn closed the
-    way the earlier revisions close it (left open after tool results for the answer that continues
-    it; closed after text whatever follows); None for a revision without those conditions (the
-    earlier ones need no training template)."""
-    derived, gate = _GEMMA_GATE.subn("true", original)
-    derived, close = _GEMMA_CLOSE.subn("not (ns_tr_out.flag and not has_content)", derived)
-    derived, cont = _GEMMA_CONTINUES.subn("{%- elif false -%}", derived)
-    return derived if gate == 1 and close == 1 and cont == 1 else None
-
-
-def text_beside_calls(message: Message) -> bool:
-    """A turn with text and tool calls: Gemma 4 moves its text after the results (a declared split)."""
-    return bool(message.get("tool_calls")) and bool(str(message.get("content") or "").strip())
+    """The tokenizer's Gemma 4 template with a turn's text written before its tool results (where the
+    model writes it), the turn left open after results for the answer that continues it, and every
+    call turn's reasoning kept (every turn's, in the latest revision); None for a template these
+    patches do not fit (the release revision closes each call turn and needs none)."""
+    results, text, end = _GEMMA_RESULTS.search(original), None, _GEMMA_END.search(original)
+    if results is not None:
+        text = _GEMMA_TEXT.search(original, results.end())
+    if results is None or text is None or end is None or not results.start() < text.start() < end.start():
+        return None
+    has_content = _GEMMA_HAS_CONTENT.search(original, text.start(), end.start())
+    stop = has_content.end() if has_content else end.start()  # the latest revision scans ahead after it
+    derived = (
+        original[: results.start()] + original[text.start() : stop]
+        + original[results.start() : text.start()] + original[stop:]
+    )  # fmt: skip
+    derived, closed = _GEMMA_CLOSE.subn("not ns_tr_out.flag", derived)
+    for gate, replacement in _GEMMA_GATES:
+        derived = gate.sub(replacement, derived)
+    derived = _GEMMA_CONTINUES.sub("{%- elif false -%}", derived)
+    return derived if closed == 1 else None
 
 
 def verify_gemma4_training(tokenizer: Any, original: str, training: str) -> str | None:
-    """The Qwen3 check with thought channels as the hidden history; where the original's own prompt
-    after tool results is not a prefix of its answered turn, the turn is compared as its tail."""
+    """The Qwen3 check with thought channels and text placement as the hidden history; where the
+    original's own prompt is not a prefix of its answered turn, the turn is compared as its tail."""
     conversations = [(m, t, {}) for m, t, _ in random_conversations(8, seed=0)]
     problems = training_template_problems(
-        tokenizer, original, training, conversations, gemma4_hidden, limit=1,
-        original_rewrites=True, split_after=text_beside_calls,
-    )  # fmt: skip
+        tokenizer, original, training, conversations, gemma4_hidden, limit=1, original_rewrites=True
+    )
     return problems[0] if problems else None
 
 

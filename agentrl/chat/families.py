@@ -194,11 +194,12 @@ GEMMA4 = register_format(
         end_tokens=("<turn|>", "<|tool_response>"),
         derive_training=derive_gemma4_training,
         verify_training=verify_gemma4_training,
-        limits={
-            "tool_result": "Gemma 4's templates write an assistant's text after the results of its own tool "
-            "calls, so a turn with both text and a call is rewritten when the results arrive (a turn with only "
-            "calls is bridged)",
-        },
+        limits=dict.fromkeys(
+            ("tool_result", "new_question"),  # the new-question episode has a tool result too
+            "DiffusionGemma's template opens a new model turn after tool results, which its generation prompt "
+            "does not open, so a fresh render differs from the bridged ids (the engine keeps the sampled ids; "
+            "DiffusionGemma is a diffusion model, not sampled token by token)",
+        ),
     )
 )
 GLM4 = register_format(

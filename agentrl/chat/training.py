@@ -154,9 +154,11 @@ def training_template_problems(
             elif o_full[len(o_prompt) :] != _without_end(tokenizer, t_full[len(t_prompt) :], o_full[len(o_prompt) :], turn_ends):
                 diff = _show(tokenizer, o_full[len(o_prompt) :], t_full[len(t_prompt) :])
                 problems.append(f"{where}: the trained turn differs: {diff}")
-            elif _gen_tail(tokenizer, o_prompt) != _gen_tail(tokenizer, t_prompt):
+            elif hidden(tokenizer.decode(o_prompt, skip_special_tokens=False)) != hidden(
+                tokenizer.decode(t_prompt, skip_special_tokens=False)
+            ):
                 diff = _show(tokenizer, o_prompt[-12:], t_prompt[-12:])
-                problems.append(f"{where}: the generation prompt differs: {diff}")
+                problems.append(f"{where}: the prompt differs beyond hidden history: {diff}")
             if o_full is not None and len(problems) == before and hidden(text(original, upto, tools, kwargs)) != hidden(
                 text(training, upto, tools, kwargs)
             ):
@@ -193,12 +195,6 @@ def _without_end(tokenizer: Any, turn: list[int], original: list[int], ends: tup
 def _next_assistant(messages: list[Message], end: int) -> int:
     """Index of the next assistant turn after ``end`` (or the end): what a bridge would append."""
     return next((i for i in range(end + 1, len(messages)) if messages[i]["role"] == "assistant"), len(messages))
-
-
-def _gen_tail(tokenizer: Any, prompt: list[int]) -> str:
-    """The generation prompt: the text after the last occurrence of the role header."""
-    text = tokenizer.decode(prompt, skip_special_tokens=False)
-    return text[text.rfind("assistant") :]
 
 
 def _show(tokenizer: Any, a: list[int], b: list[int]) -> str:
