@@ -157,8 +157,7 @@ def training_template_problems(
             elif hidden(tokenizer.decode(o_prompt, skip_special_tokens=False)) != hidden(
                 tokenizer.decode(t_prompt, skip_special_tokens=False)
             ):
-                diff = _show(tokenizer, o_prompt[-12:], t_prompt[-12:])
-                problems.append(f"{where}: the prompt differs beyond hidden history: {diff}")
+                problems.append(f"{where}: the prompt differs beyond hidden history: {_show(tokenizer, o_prompt, t_prompt)}")
             if o_full is not None and len(problems) == before and hidden(text(original, upto, tools, kwargs)) != hidden(
                 text(training, upto, tools, kwargs)
             ):
