@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrl.chat.training import random_conversations, training_template_problems
+from agentrl.chat.training import qwen3_hidden, random_conversations, training_template_problems
 
 Message = dict[str, Any]
 
@@ -56,6 +56,36 @@ def derive_nemotron_training(original: str) -> str | None:
     reasoning); None for a template without that switch."""
     derived, n = _NEMOTRON_TRUNCATE.subn(r"\1False", original)
     return derived if n == 1 else None
+
+
+# Where Nemotron truncates a turn's reasoning it also writes the turn's text unstripped.
+_NEMOTRON_TEXT_END = re.compile(r"[ \t]+(?=\n<tool_call>|<\|im_end\|>)")
+
+
+def nemotron_hidden(text: str) -> str:
+    """A Nemotron render without reasoning blocks and without trailing blanks of a turn's text."""
+    return _NEMOTRON_TEXT_END.sub("", qwen3_hidden(text))
+
+
+def nemotron_conversations(n: int, seed: int = 0) -> list[tuple[list[Message], Any, dict[str, Any]]]:
+    """:func:`random_conversations` where every turn written with thinking on has reasoning: Nemotron
+    prompts with ``<think>\n`` but renders empty reasoning as ``<think></think>``, which no model
+    prompted that way can write."""
+    out = []
+    for messages, tools, kwargs in random_conversations(n, seed):
+        if not kwargs:  # thinking on
+            messages = [
+                {**m, "reasoning_content": "Think."} if m.get("role") == "assistant" and not m.get("reasoning_content") else m
+                for m in messages
+            ]
+        out.append((messages, tools, kwargs))
+    return out
+
+
+def verify_nemotron_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check for a derived Nemotron 3 template."""
+    problems = training_template_problems(tokenizer, original, training, nemotron_conversations(8), nemotron_hidden, limit=1)
+    return problems[0] if problems else None
 
 
 # Gemma 4 writes a model turn's calls, then the results of the tool messages that follow (inside the

@@ -12,6 +12,7 @@ from agentrl.chat.derived import (
     derive_glm4_training,
     derive_lfm2_training,
     derive_nemotron_training,
+    verify_nemotron_training,
     thinking_from_reasoning,
     verify_gemma4_training,
     verify_glm4_training,
@@ -62,6 +63,13 @@ def mapping_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def derive_xml_training(original: str) -> str | None:
     """Qwen3.5/3.6/3.8's condition, else Nemotron 3's switch (both hide earlier reasoning)."""
     return derive_qwen3_xml_training(original) or derive_nemotron_training(original)
+
+
+def verify_xml_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The check that fits the derivation :func:`derive_xml_training` applied."""
+    if derive_qwen3_xml_training(original) is not None:
+        return verify_qwen3_xml_training(tokenizer, original, training)
+    return verify_nemotron_training(tokenizer, original, training)
 
 
 def _python_value(value: Any) -> str:
@@ -123,7 +131,7 @@ QWEN3_XML = register_format(
         thinking=True,
         adapt_messages=arguments_as_objects,
         derive_training=derive_xml_training,
-        verify_training=verify_qwen3_xml_training,
+        verify_training=verify_xml_training,
     )
 )
 LLAMA3 = register_format(

@@ -237,27 +237,8 @@ def verify_qwen3_xml_training(tokenizer: Any, original: str, training: str) -> s
     generation prompt closes the reasoning block (Qwen3.5 non-thinking) reasons only when asked, so
     its thinking conversations pass ``enable_thinking=True``."""
     conversations = random_conversations(8, seed=0)
-    prompt = generation_prompt(tokenizer, original, {})
-    if "</think>" in prompt:
+    if "</think>" in generation_prompt(tokenizer, original, {}):
         conversations = [(m, t, kw or {"enable_thinking": True}) for m, t, kw in conversations]
-    elif "<think>" in prompt and "<think></think>" in _empty_reasoning_turn(tokenizer, original):
-        # Nemotron 3 prompts with <think>\n but renders empty reasoning as <think></think>, which no
-        # model prompted that way can write: with thinking on, every turn it writes has reasoning.
-        conversations = [(m if kw else [_with_reasoning(x) for x in m], t, kw) for m, t, kw in conversations]
     problems = training_template_problems(tokenizer, original, training, conversations, qwen3_hidden, limit=1)
     return problems[0] if problems else None
-
-
-def _empty_reasoning_turn(tokenizer: Any, template: str) -> str:
-    probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": ""}]
-    try:
-        return tokenizer.apply_chat_template(probe, chat_template=template, tokenize=False)
-    except Exception:
-        return ""
-
-
-def _with_reasoning(message: Message) -> Message:
-    if message.get("role") == "assistant" and not message.get("reasoning_content"):
-        return {**message, "reasoning_content": "Think."}
-    return message
 
