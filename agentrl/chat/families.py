@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentrl.chat.formats import FormatSpec, register_format
 from agentrl.chat.derived import (
     GLM_STOPS,
     derive_gemma4_training,
     derive_glm4_training,
     derive_lfm2_training,
     derive_nemotron_training,
-    verify_nemotron_training,
     thinking_from_reasoning,
     verify_gemma4_training,
     verify_glm4_training,
     verify_lfm2_training,
+    verify_nemotron_training,
 )
+from agentrl.chat.formats import FormatSpec, register_format
 from agentrl.chat.harmony_training import derive_gpt_oss_training, verify_gpt_oss_training
 from agentrl.chat.training import derive_qwen3_xml_training, verify_qwen3_training, verify_qwen3_xml_training
 
