@@ -126,3 +126,23 @@ def test_qwen35_original_template_splits_and_counts(family: tuple[str, Any, Qwen
     proven, split = check_no_silent_break(fmt, trajs)
     metrics = rollout_metrics(trajs)
     assert metrics["bridges/proven"] == proven >= len(trajs) and metrics["prefix_splits"] == split >= len(trajs)
+
+
+@pytest.mark.slow  # GPT-OSS's 200k-token vocabulary makes the tiny model's steps slow on two cores
+def test_gpt_oss_new_questions_are_counted_splits() -> None:
+    """GPT-OSS's real template (derived training template): a final answer ends with <|return|>, which
+    history writes <|end|>, so every new question after one is a counted split, re-proven here as a
+    real prefix break whose next sample starts from a fresh render (the declared limitation)."""
+    from chat_fixtures import trl_tokenizer
+
+    tok = trl_tokenizer("gptoss")  # the shared copy (GPT-OSS's 200k-token tokenizer is slow to load)
+    tok.chat_template = trl_template("gptoss")
+    if tok.pad_token_id is None:
+        tok.pad_token = "<|endoftext|>"
+    fmt = get_chat_format(tok)
+    assert fmt.name == "gpt_oss" and fmt.template_source.startswith("training template derived")
+    model = tiny_model(tok, ["<|channel|>", "final", "<|message|>", "<|return|>", "<|return|>", *WORDS])
+    trajs = rollout(fmt, model, episodes=3, env=AnsweringEnv())
+    proven, split = check_no_silent_break(fmt, trajs)
+    metrics = rollout_metrics(trajs)
+    assert metrics["prefix_splits"] == split >= 3 * len(trajs) and metrics["bridges/proven"] == proven == 0
