@@ -141,6 +141,7 @@ TRL_TEMPLATE_TOKENIZER: dict[str, tuple[str, tuple[str, ...]]] = {
     "nemotron_3_nano": ("qwen3", ()),
     "lfm2": ("qwen3", ("<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
                        "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>")),
+    "muse_glimmer": ("qwen3", ("<|start|>", "<|message|>", "<|eot|>", "<|eom|>", "<|patch|>", "<|video|>")),
     "cohere2": ("qwen3", ("<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>",
                           "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>",
                           "<|START_ACTION|>", "<|END_ACTION|>", "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>",
@@ -202,3 +203,17 @@ def trl_pairing(name: str) -> tuple[str, tuple[str, ...]]:
         if name.startswith(prefix):
             return pairing
     return ("qwen3", ())
+
+
+def trl_family_tokenizer(name: str) -> Any:
+    """A fresh tokenizer of family ``name`` whose own chat template is TRL's ``name`` template, as a
+    checkpoint ships it (not the shared cached one: callers may change it)."""
+    base, added = trl_pairing(name)
+    tok = load_asset_tokenizer(base)
+    missing = [t for t in added if t not in tok.get_vocab()]
+    if missing:
+        tok.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+    if "<|startoftext|>" in added:  # LFM2's BOS, which its templates write first
+        tok.bos_token = "<|startoftext|>"
+    tok.chat_template = trl_template(name)
+    return tok

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_fixtures import build_tiny_tokenizer, load_asset_tokenizer, tool_call, tool_result
+from chat_fixtures import build_tiny_tokenizer, load_asset_tokenizer, tool_call, tool_result, trl_family_tokenizer
 from test_chat_parsers import ARGS, KNOWN_KINDS, check_invariants, corrupt, typed
 
 from agentrl.chat import ChatFormat, available_formats, detect_format, format_spec, get_chat_format, get_parser
@@ -26,6 +26,7 @@ from agentrl.chat.formats import read_template
 FAMILY_KINDS = KNOWN_KINDS | {
     "text_before_call", "python_code", "call_in_content", "not_a_list", "missing_arguments", "unopened_calls",
     "missing_message_tag", "missing_channel", "unknown_channel", "duplicate_parameter", "bad_value",
+    "recipient_mismatch",
 }  # fmt: skip
 
 MISTRAL_SPECIAL = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
@@ -145,11 +146,108 @@ FAMILIES = {
         ("<|channel|>secret<|message|>42", {"unknown_channel"}, 0),
         ("", {"empty"}, 0),
     ]),
+    # GPT-OSS on its own (TRL-vendored) template: the derived training template is used.
+    "gpt_oss_own": Family("gpt_oss", lambda p: trl_family_tokenizer("gptoss"), True, reasoning=True, valid=[
+        "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant to=functions.f<|channel|>commentary json"
+        '<|message|>{"a": 1}',
+    ], cases=[
+        ('<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant to=functions.f<|channel|>commentary json<|message|>'
+         '{"a": 1}', set(), 1),
+        ("<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{bad", {"bad_json"}, 1),
+    ]),
+    # LFM2.5 on its own template (derived training template), and LFM2 v2 (escaped strings).
+    "lfm2": Family("lfm2", lambda p: trl_family_tokenizer("lfm2_2_5"), True, reasoning=True, valid=[
+        "<think>Need it.</think>Sure.<|tool_call_start|>[f(a=1, s='x y', l=['a', 'b'], o={\"k\": null})]<|tool_call_end|>",
+        "<|tool_call_start|>[f(), g(flag=True, n=None, x=-2.5e3)]<|tool_call_end|>Checking.",
+        "<|tool_call_start|>[f(s='it\\'s\\n', t='C:\\\\x')]<|tool_call_end|>",
+    ], cases=[
+        ("<|tool_call_start|>[f(a=1, b='x')]<|tool_call_end|>", set(), 1),
+        ("<|tool_call_start|>[f(a=1), g(b=[1, 2])]<|tool_call_end|>", set(), 2),
+        ("<think>hm</think>ok<|tool_call_start|>[f()]<|tool_call_end|>", set(), 1),
+        ("<|tool_call_start|>[f(a=1)", {"unclosed_tag"}, 1),
+        ("<|tool_call_start|>[f(a=1", {"unclosed_tag", "bad_value"}, 1),
+        ("<|tool_call_start|>f(a=1)<|tool_call_end|>", {"not_a_list"}, 0),
+        ("<|tool_call_start|>[f(a=x)]<|tool_call_end|>", {"bad_value"}, 1),
+        ("<|tool_call_start|>[f(a='x)]<|tool_call_end|>", {"bad_value"}, 1),
+        ("<|tool_call_start|>[(a=1)]<|tool_call_end|>", {"missing_name"}, 0),
+        ("<|tool_call_start|>[f(a=1, a=2)]<|tool_call_end|>", {"duplicate_parameter"}, 1),
+        ("<|tool_call_start|>[]<|tool_call_end|>", {"empty_call"}, 0),
+        ("<|tool_call_start|>[f()] x<|tool_call_end|>", {"trailing_text"}, 1),
+        ("done<|tool_call_end|>", {"stray_tag"}, 0),
+        ("<think><|tool_call_start|>[f()]<|tool_call_end|></think>No.", {"call_in_reasoning"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    "lfm2_v2": Family("lfm2", lambda p: trl_family_tokenizer("lfm2_v2"), True),
+    # LFM2's first template renders no tool_calls: the format writes them into the content.
+    "lfm2_content": Family("lfm2_content", lambda p: trl_family_tokenizer("lfm2"), True),
+    # GLM-4 MoE on its own template (Qwen3's tokenizer with GLM's control tokens added).
+    "glm4": Family("glm4", lambda p: trl_family_tokenizer("glm4moe"), True, reasoning=True, valid=[
+        "\n<think>Need it.</think>\nSure.\n<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n"
+        "<arg_key>s</arg_key>\n<arg_value>x y</arg_value>\n</tool_call>",
+        "\n<think></think>\n<tool_call>g\n<arg_key>o</arg_key>\n<arg_value>{\"k\": [1, null]}</arg_value>\n</tool_call>"
+        "\n<tool_call>h\n</tool_call>",
+    ], cases=[
+        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>", set(), 1),
+        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>\n</tool_call>\n<tool_call>g\n</tool_call>", set(), 2),
+        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>", {"unclosed_tag"}, 1),
+        ("<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>1\n</tool_call>", {"unclosed_tag"}, 1),
+        ("<tool_call>\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", {"missing_name"}, 0),
+        ("<tool_call></tool_call>", {"empty_call"}, 0),
+        ("<tool_call>add\n<arg_key>int</arg_key>\n<arg_value>seven</arg_value>\n</tool_call>", {"bad_value"}, 1),
+        ("<tool_call>f\n<arg_key>a</arg_key><arg_value>1</arg_value><arg_key>a</arg_key><arg_value>2</arg_value></tool_call>",
+         {"duplicate_parameter"}, 1),
+        ("<tool_call>f\n</tool_call> and more", {"trailing_text"}, 1),
+        ("done</tool_call>", {"stray_tag"}, 0),
+        ("<think><tool_call>f\n</tool_call></think>No.", {"call_in_reasoning"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    # Muse Glimmer (ATEM) on its own template (Qwen3's tokenizer with ATEM's control tokens added).
+    "atem": Family("atem", lambda p: trl_family_tokenizer("muse_glimmer"), True, reasoning=True, valid=[
+        " to=self<|message|>Need it.<|eom|><|start|>assistant to=f<|message|><atem:function_calls>\n"
+        '<atem:invoke name="f">\n<atem:parameter name="a">1</atem:parameter>\n<atem:parameter name="s">x y</atem:parameter>\n'
+        "</atem:invoke>\n</atem:function_calls>",
+        " to=user<|message|>It is 42.",
+    ], cases=[
+        (' to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">1</atem:parameter>\n'
+         "</atem:invoke>\n</atem:function_calls>", set(), 1),
+        (" to=self<|message|>hm<|eom|><|start|>assistant to=user<|message|>42", set(), 0),
+        (' to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">1', {"unclosed_tag"}, 1),
+        (' to=f<|message|><atem:function_calls>\n<atem:invoke name="g">\n</atem:invoke>\n</atem:function_calls>',
+         {"recipient_mismatch"}, 1),
+        (" to=f<|message|>just text", {"missing_name"}, 0),
+        (" to=f<|message|><atem:function_calls></atem:function_calls>", {"empty_call"}, 0),
+        (' to=add<|message|><atem:function_calls>\n<atem:invoke name="add">\n<atem:parameter name="int">seven'
+         "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>", {"bad_value"}, 1),
+        (" to=user 42", {"missing_message_tag"}, 0),
+        ("<|message|>42", {"missing_channel"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    # Gemma 4 on its own template (Gemma 3's tokenizer with Gemma 4's control tokens added).
+    "gemma4": Family("gemma4", lambda p: trl_family_tokenizer("gemma4"), True, reasoning=True, valid=[
+        '<|channel>thought\nNeed it.\n<channel|><|tool_call>call:f{a:1,s:<|"|>x, y: z<|"|>,o:{k:null,l:[1,<|"|>b<|"|>]}}'
+        "<tool_call|>",
+        "<|tool_call>call:f{}<tool_call|><|tool_call>call:g{flag:true,x:-2.5e3}<tool_call|>Checking.",
+        "Just an answer.",
+    ], cases=[
+        ('<|tool_call>call:f{a:1,b:<|"|>x<|"|>}<tool_call|>', set(), 1),
+        ("<|tool_call>call:f{a:1}<tool_call|><|tool_call>call:g{b:[1,2]}<tool_call|>", set(), 2),
+        ("<|channel>thought\nhm\n<channel|>ok<|tool_call>call:f{}<tool_call|>", set(), 1),
+        ("<|tool_call>call:f{a:1}", {"unclosed_tag"}, 1),
+        ("<|tool_call>call:f{a:1<tool_call|>", {"bad_value"}, 1),
+        ("<|tool_call>f{a:1}<tool_call|>", {"missing_name"}, 0),
+        ("<|tool_call>call:f{a:x}<tool_call|>", {"bad_value"}, 1),
+        ('<|tool_call>call:f{a:<|"|>x}<tool_call|>', {"bad_value"}, 1),
+        ("<|tool_call>call:f{a:1,a:2}<tool_call|>", {"bad_value"}, 1),
+        ("<|tool_call>call:f{} extra<tool_call|>", {"trailing_text"}, 1),
+        ("done<tool_call|>", {"stray_tag"}, 0),
+        ("<|channel>thought\n<|tool_call>call:f{}<tool_call|><channel|>No.", {"call_in_reasoning"}, 0),
+        ("", {"empty"}, 0),
+    ]),
 }  # fmt: skip
 
 
 def test_every_format_has_a_family_here() -> None:
-    assert set(FAMILIES) == set(available_formats())
+    assert {f.name for f in FAMILIES.values()} == set(available_formats())
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -182,11 +280,13 @@ def test_detected_by_behaviour(family: tuple[Family, ChatFormat]) -> None:
     """The template in use writes the family's syntax (a supplied ChatML template writes 'hermes')."""
     fam, fmt = family
     template = fmt.chat_template or fmt.tokenizer.chat_template
-    expected = format_spec(fam.name).parser
+    spec = format_spec(fam.name)
+    expected = fam.name if spec.prompt_markers else spec.parser  # calls as content: told by the tool list
     assert detect_format(fmt.tokenizer, template) == expected
     # A fork: other instructions, other blank lines; the calls are written the same way.
-    fork = template.replace("\\n\\n", "\\n\\n\\n", 1).replace("{{- bos_token", "{{- 'Forked.\\n' + bos_token", 1)
+    fork = template.replace("\\n\\n", "\\n\\n\\n", 1).replace("{{- bos_token", "{{- 'Forked.\\n' ~ bos_token", 1)
     fork = fork.replace("<|im_start|>system\\n", "<|im_start|>system\\nForked.\\n", 1)
+    fork = fork.replace("You may call one or more functions", "Forked. You may call one or more functions", 1)
     assert fork != template
     assert detect_format(fmt.tokenizer, fork) == expected
 
@@ -214,8 +314,9 @@ def test_render_equals_apply_chat_template(family: tuple[Family, ChatFormat]) ->
     conv = [SYSTEM, USER, call_turn(fam), tool_result("sunny", call_id="call_0"), tool_result("3", "add", "call_1")]
     for gen in (True, False):
         messages = conv if gen else conv[:3]
+        adapted = fmt._adapt(list(messages)) if fmt._adapt is not None else messages  # the format's message shape
         expected = fmt.tokenizer.apply_chat_template(
-            messages, tools=TOOLS, chat_template=fmt.chat_template, add_generation_prompt=gen
+            adapted, tools=TOOLS, chat_template=fmt.chat_template, add_generation_prompt=gen
         )["input_ids"]
         assert fmt.render(messages, TOOLS, add_generation_prompt=gen) == expected
 
@@ -231,7 +332,8 @@ def test_round_trip_keeps_calls_and_types(family: tuple[Family, ChatFormat], con
     assert parsed.issues == [], parsed.issues
     expected = [("get_weather", typed({"city": "Paris"})), ("add", typed(ARGS))]
     assert [(c.name, typed(c.arguments)) for c in parsed.tool_calls] == expected[len(expected) - len(reply["tool_calls"]) :]
-    assert parsed.content == content
+    dropped = "text_beside_calls" in format_spec(fam.name).limits  # ATEM: a call turn carries no text
+    assert parsed.content == ("" if dropped else content)
     if fam.reasoning:
         assert parsed.reasoning == "Two tools.\nBoth now."
     # The parsed message renders back to the same ids (what the bridge relies on).
@@ -314,7 +416,9 @@ def test_seeded_corruptions_never_raise(family: tuple[Family, ChatFormat]) -> No
     fam, fmt = family
     rng = random.Random(fam.name)
     markers = [m for text in fam.valid for m in ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<function=",
-               "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "```") if m in text]  # fmt: skip
+               "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "```", "<|tool_call_start|>",
+               "<|tool_call_end|>", "(", "'", "<|tool_call>", "<tool_call|>", '<|"|>', "{", ":", "<arg_key>",
+               "</arg_value>", "<tool_call>", "<|eom|>", "<atem:invoke", "</atem:parameter>") if m in text]  # fmt: skip
     kinds: set[str] = set()
     for _ in range(300):
         text = corrupt(rng.choice(fam.valid), rng)

@@ -89,6 +89,11 @@ DEEP_CALLS = {
     + "[" * 500 + "]" * 500 + "}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
     "gpt_oss": "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": " + "[" * 500 + "]" * 500 + "}",
     "qwen3_xml": "<tool_call>\n<function=f>\n<parameter=a>\n" + "[" * 500 + "]" * 500 + "\n</parameter>\n</function>\n</tool_call>",
+    "lfm2": "<|tool_call_start|>[f(a=" + "[" * 500 + "]" * 500 + ")]<|tool_call_end|>",
+    "gemma4": "<|tool_call>call:f{a:" + "[" * 500 + "]" * 500 + "}<tool_call|>",
+    "glm4": "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>" + "[" * 500 + "]" * 500 + "</arg_value>\n</tool_call>",
+    "atem": ' to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">' + "[" * 500 + "]" * 500
+    + "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>",
 }
 
 
@@ -142,16 +147,21 @@ def test_shallow_trajectory_serialises_as_before() -> None:
     assert traj.to_dict() == expected
 
 
-@pytest.mark.parametrize("name", ["hermes", "qwen3", "qwen3_xml", "llama3", "mistral", "deepseek_v3", "gpt_oss"])
+@pytest.mark.parametrize("name", ["hermes", "qwen3", "qwen3_xml", "llama3", "mistral", "deepseek_v3", "gpt_oss", "lfm2", "lfm2_list", "gemma4", "glm4", "atem", "atem_list"])
 def test_a_million_openers_are_capped(name: str) -> None:
     one = {
         "hermes": '<tool_call>{"name": "f", "arguments": {}}</tool_call>', "qwen3": '<tool_call>{"name": "f"}</tool_call>',
         "qwen3_xml": "<tool_call><function=f></function></tool_call>", "llama3": '{"name": "f", "parameters": {}};',
         "mistral": "[TOOL_CALLS]f[ARGS]{}", "deepseek_v3": "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}<｜tool▁call▁end｜>",
         "gpt_oss": "<|start|>assistant<|channel|>commentary to=functions.f<|message|>{}<|end|>",
+        "lfm2": "<|tool_call_start|>[f(a=1)]<|tool_call_end|>", "lfm2_list": "f(a='x'), ",
+        "gemma4": "<|tool_call>call:f{a:1}<tool_call|>", "glm4": "<tool_call>f\n</tool_call>",
+        "atem": ' to=f<|message|><atem:function_calls><atem:invoke name="f"></atem:invoke></atem:function_calls><|eom|>',
+        "atem_list": '<atem:invoke name="f"></atem:invoke>',
     }[name]  # fmt: skip
-    prefix = "<｜tool▁calls▁begin｜>" if name == "deepseek_v3" else ""
-    result = get_parser(name).parse(prefix + one * 20_000)
+    prefix = {"deepseek_v3": "<｜tool▁calls▁begin｜>", "lfm2_list": "<|tool_call_start|>[",
+              "atem_list": " to=f<|message|><atem:function_calls>"}.get(name, "")  # fmt: skip
+    result = get_parser(name.removesuffix("_list")).parse(prefix + one * 20_000)
     check(result)
     assert len(result.tool_calls) == MAX_CALLS
     assert "too_many_calls" in {i.kind for i in result.issues}

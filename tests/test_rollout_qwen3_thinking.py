@@ -96,14 +96,14 @@ class RestrictedHead(torch.nn.Module):
         return self.head(hidden) + self.penalty
 
 
-def rollout(fmt: ChatFormat, model: Qwen3ForCausalLM, episodes: int = 6) -> list[Trajectory]:
+def rollout(fmt: ChatFormat, model: Qwen3ForCausalLM, episodes: int = 6, env: Environment | None = None) -> list[Trajectory]:
     gen = TransformersGenerator(model, pad_token_id=fmt.tokenizer.pad_token_id, gather_window_s=0.002)
     cfg = RolloutConfig(max_tokens_per_turn=80, max_completion_tokens=4000, max_context=4000)
     engine = RolloutEngine(gen, fmt, cfg, SamplingConfig(temperature=1.0, seed=3))
 
     async def main() -> list:
         try:
-            return await engine.run(ScriptedEnv(), [{}], n=episodes, seed=0)
+            return await engine.run(env or ScriptedEnv(), [{}], n=episodes, seed=0)
         finally:
             await gen.close()
 

@@ -63,6 +63,7 @@ def probe_template(tokenizer: Any, chat_template: str | None = None) -> Template
         generation_prompt_no_thinking=tail(full(None, add_generation_prompt=True, enable_thinking=False)),
         tool_name=PROBE_TOOL_NAME,
         tools_shown=PROBE_TOOL_NAME in prompt,
+        prompt=prompt,
         errors=tuple(errors),
     )
 
@@ -72,7 +73,9 @@ def detect_format(tokenizer: Any, chat_template: str | None = None) -> str:
 
     First by tool-call syntax (each registered parser's ``matches``); then, for a template that
     renders no tools at all, by the family's turn markers, which selects a format that supplies
-    its own tools template (SmolLM2's ChatML -> ``chatml_tools``).
+    its own tools template (SmolLM2's ChatML -> ``chatml_tools``); then, for a template that shows
+    tools but writes no calls, by the markers around its tool list (LFM2's first template, whose
+    model writes calls as text: ``lfm2_content``).
     """
     has_template = chat_template is not None or getattr(tokenizer, "chat_template", None)
     options = f"pass chat_format= one of {available_formats()} or a ChatFormat"
@@ -85,6 +88,9 @@ def detect_format(tokenizer: Any, chat_template: str | None = None) -> str:
     found = [name for name, cls in parser_classes().items() if cls.matches(probe)]
     if not found and not probe.tools_shown:
         found = [s.name for s in format_specs() if s.template and s.markers and all(m in probe.plain_turn for m in s.markers)]
+    if not found and probe.tools_shown and PROBE_TOOL_NAME not in probe.tool_call_turn:
+        # Shows tools but writes no calls: a family whose calls are plain content (LFM2's first template).
+        found = [s.name for s in format_specs() if s.prompt_markers and all(m in probe.prompt for m in s.prompt_markers)]
     if len(found) == 1:
         return found[0]
     if len(found) > 1:

@@ -10,7 +10,7 @@ what ``get_chat_format(tokenizer, name)`` and ``model.chat_format=`` accept.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
 
@@ -42,6 +42,14 @@ class FormatSpec:
     # Builds a training template from the tokenizer's own (a patch of the one condition that
     # rewrites history), used only after ``verify_training`` accepts it.
     derive_training: Callable[[str], str | None] | None = None
+    # Known limitations of the family, by kind ("parallel_calls", "text_beside_calls", "tool_result",
+    # "new_question"):
+    # why a bridge or a round trip cannot be exact however the template is written. `agentrl doctor`
+    # prints the reason with the warning it explains.
+    limits: dict[str, str] = field(default_factory=dict)
+    # Text around the tool list of a template that shows tools but renders no tool calls, because
+    # the model writes its calls as plain content (LFM2's first template): detects this format.
+    prompt_markers: tuple[str, ...] = ()
 
     def writes_syntax(self, probe: TemplateProbe) -> bool:
         """Whether a template that rendered ``probe`` writes this format's tool-call syntax."""

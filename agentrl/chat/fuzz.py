@@ -25,6 +25,15 @@ MARKUP: dict[str, list[str]] = {
                     "<｜tool▁sep｜>", "function<｜tool▁sep｜>f\n```json\n", "```", *_THINK],  # fmt: skip
     "gpt_oss": ["<|start|>assistant", "<|channel|>analysis", "<|channel|>commentary to=functions.f", "<|channel|>",
                 "<|message|>", "<|end|>", "<|constrain|>json", "to=functions.", "<|call|>"],  # fmt: skip
+    "lfm2": ["<|tool_call_start|>", "<|tool_call_end|>", "<|tool_call_start|>[", "[f(", "f(a=", "a='", "'", "\\'", ")",
+             "]", ", ", "=", "True", "None", "[", "{", *_THINK],  # fmt: skip
+    "atem": ["<|start|>assistant", " to=self", " to=f", " to=user", "<|message|>", "<|eom|>", "<atem:function_calls>",
+             "</atem:function_calls>", '<atem:invoke name="f">', "</atem:invoke>", '<atem:parameter name="a">',
+             "</atem:parameter>", "\n"],  # fmt: skip
+    "glm4": ["<tool_call>", "</tool_call>", "<tool_call>f\n", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+             "<arg_key>a</arg_key>", "\n", *_THINK],  # fmt: skip
+    "gemma4": ["<|tool_call>", "<tool_call|>", "<|tool_call>call:f{", "call:", '<|"|>', "a:", ":", ",", "{", "}", "[", "]",
+               "true", "null", "<|channel>thought\n", "<channel|>", "<|tool_response>"],  # fmt: skip
 }
 _NOISE = ["a", " ", "\n", "\t", "é", "日本", "\u200b", "\x00", "\ud7ff", "🙂", "<", ">", "=", "`"]
 

@@ -82,11 +82,24 @@ def training_template_problems(
     conversations: list[Conversation],
     hidden: Callable[[str], str],
     limit: int = 5,
+    split_after: Callable[[Message], bool] | None = None,
+    original_may_refuse: bool = False,
+    original_rewrites: bool = False,
+    turn_ends: tuple[str, ...] = (),
 ) -> list[str]:
     """Up to ``limit`` descriptions of where ``training`` may not stand in for ``original``.
 
     ``hidden(text)`` removes what the original may legitimately hide in history (for Qwen3, the
     reasoning blocks of assistant turns), so that the rest can be compared exactly.
+    ``split_after(message)``: an assistant turn after which the family declares a split (harmony's
+    final answer), so prefix preservation is not required there. ``original_may_refuse``: where the
+    original raises on a turn (a message shape it cannot render), only the training template is
+    checked (it must render, and keep prefixes). ``original_rewrites``: the original itself rewrites
+    the history before the turn once the turn is added (harmony drops earlier analysis), so its
+    trained turn is the tail of its render, and the training prompt must be (up to ``hidden``) the
+    original's prompt or the context the original renders the turn in. ``turn_ends``: tokens that
+    stop generation but that the original writes as the next message's first token (GLM-4): the
+    trained turn may end with one of them beyond the original's.
     """
 
     prompts: dict[Any, str] = {}
@@ -110,24 +123,47 @@ def training_template_problems(
         for end in ends:
             history, upto = messages[:end], messages[: end + 1]
             where = f"conversation {c}, assistant turn at message {end}"
+            before = len(problems)
             try:
-                o_prompt, o_full = ids(original, history, tools, True, kwargs), ids(original, upto, tools, False, kwargs)
                 t_prompt, t_full = ids(training, history, tools, True, kwargs), ids(training, upto, tools, False, kwargs)
             except Exception as exc:
-                problems.append(f"{where}: a template failed to render: {exc!r}")
+                problems.append(f"{where}: the training template failed to render: {exc!r}")
                 continue
-            o_turn, t_turn = o_full[len(o_prompt) :], t_full[len(t_prompt) :]
-            if o_full[: len(o_prompt)] != o_prompt or t_full[: len(t_prompt)] != t_prompt:
+            try:
+                o_prompt, o_full = ids(original, history, tools, True, kwargs), ids(original, upto, tools, False, kwargs)
+            except Exception as exc:
+                if not original_may_refuse:
+                    problems.append(f"{where}: the original template failed to render: {exc!r}")
+                    continue
+                o_prompt = o_full = None
+            if o_prompt is None or o_full is None:
+                pass  # the original refuses this turn: nothing to compare it with
+            elif original_rewrites and o_full[: len(o_prompt)] != o_prompt:
+                t_turn = t_full[len(t_prompt) :]
+                dec = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+                if t_full[: len(t_prompt)] != t_prompt:
+                    problems.append(f"{where}: the training template's generation prompt is not a prefix of its turn")
+                elif not t_turn or o_full[len(o_full) - len(t_turn) :] != t_turn:
+                    problems.append(f"{where}: the trained turn differs: {_show(tokenizer, o_full[-len(t_turn):], t_turn)}")
+                elif hidden(dec(t_prompt)) not in (hidden(dec(o_prompt)), hidden(dec(o_full[: len(o_full) - len(t_turn)]))):
+                    problems.append(
+                        f"{where}: the training prompt is neither the original's prompt nor the context it renders the turn in"
+                    )
+            elif o_full[: len(o_prompt)] != o_prompt or t_full[: len(t_prompt)] != t_prompt:
                 problems.append(f"{where}: a generation prompt is not a prefix of its turn")
-            elif o_turn != t_turn:
-                problems.append(f"{where}: the trained turn differs: {_show(tokenizer, o_turn, t_turn)}")
-            elif _gen_tail(tokenizer, o_prompt) != _gen_tail(tokenizer, t_prompt):
-                diff = _show(tokenizer, o_prompt[-12:], t_prompt[-12:])
-                problems.append(f"{where}: the generation prompt differs: {diff}")
-            elif hidden(text(original, upto, tools, kwargs)) != hidden(text(training, upto, tools, kwargs)):
+            elif o_full[len(o_prompt) :] != _without_end(tokenizer, t_full[len(t_prompt) :], o_full[len(o_prompt) :], turn_ends):
+                diff = _show(tokenizer, o_full[len(o_prompt) :], t_full[len(t_prompt) :])
+                problems.append(f"{where}: the trained turn differs: {diff}")
+            elif hidden(tokenizer.decode(o_prompt, skip_special_tokens=False)) != hidden(
+                tokenizer.decode(t_prompt, skip_special_tokens=False)
+            ):
+                problems.append(f"{where}: the prompt differs beyond hidden history: {_show(tokenizer, o_prompt, t_prompt)}")
+            if o_full is not None and len(problems) == before and hidden(text(original, upto, tools, kwargs)) != hidden(
+                text(training, upto, tools, kwargs)
+            ):
                 problems.append(f"{where}: turns other than reasoning differ")
             # Prefix preservation of the training template up to the next assistant turn.
-            if end + 1 < len(messages):
+            if end + 1 < len(messages) and not (split_after is not None and split_after(messages[end])):
                 later = ids(training, messages[: _next_assistant(messages, end)], tools, True, kwargs)
                 if later[: len(t_full)] != t_full:
                     j = next((i for i, (x, y) in enumerate(zip(t_full, later)) if x != y), len(later))
@@ -148,15 +184,16 @@ def generation_prompt(tokenizer: Any, template: str, kwargs: dict[str, Any]) -> 
     return on[len(off) :] if on.startswith(off) else ""
 
 
+def _without_end(tokenizer: Any, turn: list[int], original: list[int], ends: tuple[str, ...]) -> list[int]:
+    """``turn`` less a final stop token from ``ends`` that the original's turn does not have."""
+    if ends and len(turn) == len(original) + 1 and tokenizer.convert_ids_to_tokens(turn[-1]) in ends:
+        return turn[:-1]
+    return turn
+
+
 def _next_assistant(messages: list[Message], end: int) -> int:
     """Index of the next assistant turn after ``end`` (or the end): what a bridge would append."""
     return next((i for i in range(end + 1, len(messages)) if messages[i]["role"] == "assistant"), len(messages))
-
-
-def _gen_tail(tokenizer: Any, prompt: list[int]) -> str:
-    """The generation prompt: the text after the last occurrence of the role header."""
-    text = tokenizer.decode(prompt, skip_special_tokens=False)
-    return text[text.rfind("assistant") :]
 
 
 def _show(tokenizer: Any, a: list[int], b: list[int]) -> str:
@@ -165,7 +202,7 @@ def _show(tokenizer: Any, a: list[int], b: list[int]) -> str:
     return f"first difference at token {j}: original {dec(a)!r} vs training {dec(b)!r}"
 
 
-_THINK = re.compile(r"<think>.*?</think>\n\n", re.DOTALL)
+_THINK = re.compile(r"<think>.*?</think>\n*", re.DOTALL)  # Qwen writes two newlines after it, Nemotron one
 _AFTER_HEADER = re.compile(r"(<\|im_start\|>assistant\n)\n+")
 
 
@@ -204,3 +241,4 @@ def verify_qwen3_xml_training(tokenizer: Any, original: str, training: str) -> s
         conversations = [(m, t, kw or {"enable_thinking": True}) for m, t, kw in conversations]
     problems = training_template_problems(tokenizer, original, training, conversations, qwen3_hidden, limit=1)
     return problems[0] if problems else None
+

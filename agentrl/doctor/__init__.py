@@ -124,12 +124,36 @@ def diagnose(cfg: DoctorConfig) -> Report:
                 report.checks.append(episode)
             else:
                 report.checks.append(_guarded(name, C.check_prefix, fmt, name, episode))
+    _declare_limits(fmt, report.checks)
     if cfg.check_model:
         try:
             report.checks += _model_checks(fmt, cfg)
         except Exception as exc:
             report.checks.append(_guarded("greedy generation parses", _raise, exc))
     return report
+
+
+# Which kind of a family's known limitations (FormatSpec.limits) explains a warning of which check.
+_LIMIT_OF_CHECK = {
+    "tool-call round trip": ("parallel_calls", "text_beside_calls"),
+    "prefix: assistant -> tool -> assistant": ("tool_result",),
+    "prefix: same, with reasoning": ("tool_result",),
+    "prefix: assistant -> user -> assistant": ("new_question",),
+}
+
+
+def _declare_limits(fmt: Any, checks: list[C.Check]) -> None:
+    """A warning the chat format declares as a limitation of its family says so, with the reason."""
+    from agentrl.chat import format_spec
+
+    try:
+        limits = format_spec(fmt.name).limits
+    except ValueError:  # a hand-built ChatFormat under a name no registry knows
+        return
+    for check in checks:
+        reasons = [limits[k] for k in _LIMIT_OF_CHECK.get(check.name, ()) if k in limits]
+        if check.status == C.WARN and reasons:
+            check.summary += f". Declared limitation of the {fmt.name!r} family: {'; '.join(reasons)}"
 
 
 def _raise(exc: Exception) -> Any:

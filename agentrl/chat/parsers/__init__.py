@@ -9,18 +9,26 @@ from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
 from agentrl.chat.parsers.registry import available_parsers, get_parser, parser_classes, register_parser
 
 # Built-in families register themselves on import.
+from agentrl.chat.parsers.atem import AtemParser
 from agentrl.chat.parsers.deepseek_v3 import DeepSeekV3Parser
+from agentrl.chat.parsers.gemma4 import Gemma4Parser
+from agentrl.chat.parsers.glm4 import Glm4Parser
 from agentrl.chat.parsers.gpt_oss import GptOssParser
 from agentrl.chat.parsers.hermes import HermesParser
+from agentrl.chat.parsers.lfm2 import Lfm2Parser
 from agentrl.chat.parsers.llama3 import Llama3Parser
 from agentrl.chat.parsers.mistral import MistralParser
 from agentrl.chat.parsers.qwen3 import Qwen3Parser
 from agentrl.chat.parsers.qwen3_xml import Qwen3XmlParser
 
 __all__ = [
+    "AtemParser",
     "DeepSeekV3Parser",
+    "Gemma4Parser",
+    "Glm4Parser",
     "GptOssParser",
     "Llama3Parser",
+    "Lfm2Parser",
     "MistralParser",
     "Qwen3XmlParser",
     "HermesParser",

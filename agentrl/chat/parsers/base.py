@@ -41,6 +41,7 @@ class TemplateProbe:
     generation_prompt_no_thinking: str  # the same with ``enable_thinking=False``
     tool_name: str = "agentrl_probe_tool"  # the name of the probe call in ``tool_call_turn``
     tools_shown: bool = True  # whether the template wrote the probe tool's schema anywhere
+    prompt: str = ""  # the whole generation prompt with the probe tool (system part included)
     errors: tuple[str, ...] = field(default_factory=tuple)  # probes the template refused to render
 
     def adds(self, marker: str) -> bool:
