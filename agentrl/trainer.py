@@ -42,6 +42,7 @@ from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
 from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.metrics import rollout_metrics
+from agentrl.sharded import GatheredGenerator, ShardedPolicy, checkpoint_views, generation_copy, shard_policy
 from agentrl.train_config import TrainConfig
 from agentrl.train_setup import (
     build_optimizer,
@@ -99,8 +100,18 @@ class Trainer:
             enable_gradient_checkpointing(policy)
         self.reference = Reference(policy, kind, cfg.loss.beta, adapter_path=path if kind == "adapter" else None)
         self.policy_kind = kind
+        gathered = None  # FSDP2: the unsharded copy generation decodes with (agentrl/sharded.py)
+        if cfg.distributed.strategy == "fsdp" and self.accelerator.num_processes > 1:
+            gathered = generation_copy(policy, torch.bfloat16 if bf16 else None)
+            policy = shard_policy(policy, self.accelerator.device, bf16)
+        elif cfg.distributed.strategy == "fsdp" and self.is_main:
+            print("distributed.strategy=fsdp: one process, nothing to shard; training unsharded", flush=True)
         optimizer, scheduler = build_optimizer(cfg, policy, cuda)
-        self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
+        if isinstance(policy, ShardedPolicy):  # sharded already: accelerate must not wrap it in DDP
+            self.policy = policy
+            self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
+        else:
+            self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
         settings = LearnSettings(
             micro_batch_size=cfg.micro_batch_size, num_iterations=cfg.num_iterations, steps_per_generation=cfg.steps_per_generation,
             temperature=cfg.sampling.temperature, logprob_chunk_size=cfg.logprob_chunk_size, max_grad_norm=cfg.max_grad_norm,
@@ -112,16 +123,20 @@ class Trainer:
         self.pad_id = pad_token_id(self.tokenizer, self.chat_format.stop_token_ids)
         separate = cfg.generator.backend != "transformers"  # vLLM loads the base checkpoint itself
         self.generator = build_generator(
-            cfg.generator, model=None if separate else self._module(), model_path=generation_base(path, kind) if separate else str(path),
+            cfg.generator, model=None if separate else (gathered if gathered is not None else self._module()), model_path=generation_base(path, kind) if separate else str(path),
             pad_token_id=self.pad_id, max_context=cfg.rollout.max_context if separate else None, seed=cfg.seed,
             train_dtype=torch.bfloat16 if bf16 else None,
         )
+        if gathered is not None:
+            self.generator = GatheredGenerator(self.generator, self.policy, gathered)
         self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
+        self._last_saved = -1  # the step this process last checkpointed (every rank knows it)
         if cfg.resume:
-            where, saved_world = resume_run(cfg.resume, self.run_dir, self.state, self._module(), self.optimizer, self.scheduler)
+            with self._checkpoint_objects(saving=False) as (model, optimizer):
+                where, saved_world = resume_run(cfg.resume, self.run_dir, self.state, model, optimizer, self.scheduler)
             if self.is_main:
                 print(f"resumed from {where} at step {self.step}", flush=True)
                 if saved_world != self.accelerator.num_processes:  # the batch and data order are global: it continues the same run
@@ -247,13 +262,24 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """Checkpoint the run (rank 0 writes; every rank holds the same weights and optimizer state)."""
-        if not self.is_main:
-            return self._checkpoint_dir()
-        return save_run(
-            self.run_dir, self.state, self.policy_kind, self._module(), self.tokenizer, self.optimizer, self.scheduler, self.cfg.keep_checkpoints,
-            world_size=self.accelerator.num_processes,
-        )
+        """Checkpoint the run (rank 0 writes; sharded weights and optimizer state are gathered to it first)."""
+        self._last_saved = self.state.step
+        with self._checkpoint_objects(saving=True) as (model, optimizer):
+            if not self.is_main:
+                return self._checkpoint_dir()
+            return save_run(
+                self.run_dir, self.state, self.policy_kind, model, self.tokenizer, optimizer, self.scheduler, self.cfg.keep_checkpoints,
+                world_size=self.accelerator.num_processes,
+            )
+
+    @contextlib.contextmanager
+    def _checkpoint_objects(self, saving: bool) -> Iterator[tuple[Any, Any]]:
+        """The model and optimizer checkpoint.py reads and writes: full state dicts when sharded."""
+        if isinstance(self.policy, ShardedPolicy):
+            with checkpoint_views(self.policy, self.optimizer, saving) as views:
+                yield views
+        else:
+            yield self._module(), self.optimizer
 
     def _checkpoint_dir(self) -> Path:
         from agentrl.checkpoint import checkpoint_dir
@@ -261,7 +287,8 @@ class Trainer:
         return checkpoint_dir(self.run_dir, self.state.step)
 
     def _saved_now(self) -> bool:
-        return (self._checkpoint_dir() / "trainer_state.json").is_file()
+        # the step this process saved (known to every rank: a sharded save is collective), or one on disk
+        return self._last_saved == self.state.step or (self._checkpoint_dir() / "trainer_state.json").is_file()
 
     def _module(self) -> Any:
         return self.accelerator.unwrap_model(self.policy)

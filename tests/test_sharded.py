@@ -1,0 +1,95 @@
+"""FSDP2 sharded training on CPU with gloo (``distributed.strategy=fsdp``): two processes holding half
+of the weights, gradients and AdamW state each take the steps one unsharded process takes, and
+their checkpoints are ordinary model folders that resume sharded or unsharded.
+
+The launches are real ``torchrun`` runs of ``python -m agentrl train`` on the bundled model (tied
+embeddings, so the tied head is sharded with the embedding); the reference is the one-process run
+of the same configuration through the Python API (helpers from test_distributed.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from test_distributed import TOL, assert_same_run, final_weights, free_port, metrics, reference, run, train_args
+
+from agentrl.config import ConfigError, build, parse_overrides
+from agentrl.train_config import TrainConfig
+
+# 3 tasks x 3 episodes x 2 optimizer steps per generation batch: 9 rows per step, 5 and 4 per
+# rank, micro-batches of 2: one rank runs 3 forwards, the other 2 real ones plus a zero-weighted
+# one (every FSDP forward is collective), in the old-logprob pass and in the training passes
+UNEVEN = ["distributed.strategy=fsdp", "prompts_per_step=3", "num_generations=3", "steps_per_generation=2", "micro_batch_size=2", "save_every=1"]
+# a resume at step 1 must not fall inside a generation batch: one optimizer step per batch (9 rows,
+# 5 and 4 per rank: the zero-weighted forward in the training pass)
+PER_STEP = [*UNEVEN[:3], "steps_per_generation=1", *UNEVEN[4:]]
+
+
+def torchrun(out, *extra: str) -> None:
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    return run([*launch, *train_args(out, *extra)])
+
+
+def worst(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_fsdp_two_processes_equal_one_and_checkpoints_are_plain_folders(tmp_path):
+    one = reference(tmp_path / "one", *UNEVEN)  # one process: "nothing to shard", the unsharded path
+    many = tmp_path / "many"
+    torchrun(many, *UNEVEN)
+    assert_same_run(one, many)
+    for step in (1, 2):  # both checkpoints, each written by rank 0 from the gathered weights
+        ckpt = many / "checkpoints" / f"step-{step:06d}"
+        assert sorted(p.name for p in ckpt.glob("*.safetensors")) == ["model.safetensors"]
+        assert json.loads((ckpt / "trainer_state.json").read_text())["world_size"] == 2
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(many / "checkpoints" / "step-000002")  # a normal model folder
+    assert not any(hasattr(p, "full_tensor") for p in model.parameters())
+
+    # the sharded checkpoint of step 1 continues unsharded (optimizer state keyed by name) as the one-process run did
+    one, many, again = tmp_path / "one-b", tmp_path / "many-b", tmp_path / "again"
+    reference(one, *PER_STEP)
+    torchrun(many, *PER_STEP, "max_steps=1")
+    reference(again, *PER_STEP, f"resume={many / 'checkpoints' / 'step-000001'}")
+    diff = worst(final_weights(one), final_weights(again))
+    print(f"sharded checkpoint resumed by one process: max |param difference| {diff:.3g}")
+    assert diff <= TOL
+    assert [m["step"] for m in metrics(again)] == [2]
+
+
+@pytest.mark.parametrize("source", ["one", "many"])
+def test_fsdp_resumes_sharded_and_unsharded_checkpoints(tmp_path, source):
+    """Step 1's checkpoint, written by one process (optimizer state keyed by index) or by two sharded
+    processes (keyed by name), resumed by two sharded processes, ends step 2 as one process did."""
+    one = reference(tmp_path / "one", *PER_STEP)
+    ckpt = one / "checkpoints" / "step-000001"
+    if source == "many":
+        torchrun(tmp_path / "many", *PER_STEP, "max_steps=1")
+        ckpt = tmp_path / "many" / "checkpoints" / "step-000001"
+    resumed = tmp_path / "resumed"
+    torchrun(resumed, *PER_STEP, f"resume={ckpt}")
+    diff = worst(final_weights(one), final_weights(resumed))
+    print(f"resumed {source}'s checkpoint under fsdp: max |param difference| {diff:.3g}")
+    assert diff <= TOL
+    assert metrics(resumed)[0]["reward/mean"] == metrics(one)[1]["reward/mean"]
+
+
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        (["peft.r=8"], "LoRA"),
+        (["loss.beta=0.04"], "reference model"),
+        (["optimizer_offload=true"], "optimizer_offload"),
+        (["generator=vllm"], "generator.backend=transformers"),
+    ],
+)
+def test_fsdp_refuses_what_it_does_not_shard(keys, words):
+    with pytest.raises(ConfigError) as err:
+        build(TrainConfig, parse_overrides(["distributed.strategy=fsdp", *keys]))
+    assert "distributed.strategy=fsdp" in str(err.value) and words in str(err.value)
