@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.generators.base import Generation, SamplingParams
-from agentrl.generators.weights import WeightUpdate
 from agentrl.logprobs import completion_logprobs
+
+if TYPE_CHECKING:  # the generator layer is imported only where used: benchmarks/fsdp_7b.py runs without pydantic
+    from agentrl.generators.base import Generation, SamplingParams
+    from agentrl.generators.weights import WeightUpdate
 
 __all__ = ["GatheredGenerator", "ShardedPolicy", "ShardingError", "checkpoint_views", "lockstep_count", "shard_policy"]
 
@@ -179,6 +181,8 @@ class GatheredGenerator:
             gather_into(self.policy, self.copy)
             self.gathered = self.version
             self.stats["gathers"] += 1
+            from agentrl.generators.weights import WeightUpdate
+
             self.inner.load_weights(WeightUpdate.from_module(self.copy, version=self.version or 0))
         self.inner.begin_rollout()
 

@@ -93,3 +93,17 @@ def test_fsdp_refuses_what_it_does_not_shard(keys, words):
     with pytest.raises(ConfigError) as err:
         build(TrainConfig, parse_overrides(["distributed.strategy=fsdp", *keys]))
     assert "distributed.strategy=fsdp" in str(err.value) and words in str(err.value)
+
+
+def test_fsdp_7b_benchmark_logic_on_cpu(tmp_path):
+    """benchmarks/fsdp_7b.py with the tiny shape: two sharded gloo processes take the steps one
+    unsharded process takes (same per-tensor-seeded weights, same losses), and gather the copy."""
+    bench = ["benchmarks/fsdp_7b.py", "--shape", "tiny", "--cpu", "--tokens", "64", "--prompt", "16", "--steps", "3"]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    sharded = run([*launch, *bench, "--json", str(tmp_path / "sharded.json")])
+    run([sys.executable, *bench, "--single", "--json", str(tmp_path / "single.json")])
+    a, b = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("sharded", "single"))
+    assert a["outcome"] == b["outcome"] == "ok" and a["world"] == 2 and b["world"] == 1
+    print(f"losses sharded {a['losses']} single {b['losses']}")
+    assert a["losses"] == pytest.approx(b["losses"], abs=1e-6) and len(set(a["losses"])) == 3  # the weights moved
+    assert a["gather_s"] > 0 and "bf16 generation copy" in sharded.stdout
