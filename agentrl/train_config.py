@@ -100,6 +100,10 @@ class TrainConfig(Strict):
 
     # several processes (torchrun / accelerate launch; docs/distributed.md)
     distributed: DistributedSettings = Field(default_factory=DistributedSettings)
+    max_staleness: int = Field(
+        0, ge=0, description="asynchronous rollouts: generate the next steps' episodes while this one trains, from weights at most this many optimizer steps old (0: synchronous; docs/distributed.md)"
+    )
+    rollout_device: str | None = Field(None, description="with max_staleness > 0: the device of the rollout copy of the policy (default: the training device; e.g. cuda:1)")
     distributed_timeout_s: float = Field(
         1800.0, gt=0, description="a collective waiting longer than this on a dead or stalled rank fails with an error instead of hanging; it must cover the slowest rank's rollout of one step"
     )
@@ -123,6 +127,15 @@ class TrainConfig(Strict):
                 raise ValueError("distributed.strategy=fsdp: optimizer_offload is not supported with sharded parameters (FSDP already divides AdamW's state by the number of ranks)")
             if self.generator.backend != "transformers":
                 raise ValueError("distributed.strategy=fsdp: only generator.backend=transformers decodes from the gathered copy so far")
+        if self.max_staleness == 0 and self.rollout_device is not None:
+            raise ValueError("rollout_device has no effect without max_staleness > 0 (asynchronous rollouts)")
+        if self.max_staleness > 0:
+            if self.loss.sampler_is_mode is None:
+                raise ValueError("max_staleness > 0 trains on episodes of older weights: it needs the sampler importance-sampling correction (loss.sampler_is_mode=truncate or mask)")
+            if self.generator.backend != "transformers":
+                raise ValueError("max_staleness > 0: only generator.backend=transformers runs the background rollouts so far")
+            if self.distributed.strategy == "fsdp":
+                raise ValueError("max_staleness > 0 runs in one process; distributed.strategy=fsdp needs several")
         if self.sampling.seed is None:
             self.sampling.seed = self.seed
         return self

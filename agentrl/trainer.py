@@ -42,6 +42,7 @@ from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
 from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.metrics import rollout_metrics
+from agentrl.rollout_ahead import RolloutAhead
 from agentrl.sharded import GatheredGenerator, ShardedPolicy, checkpoint_views, generation_copy, shard_policy
 from agentrl.train_config import TrainConfig
 from agentrl.train_setup import (
@@ -133,6 +134,7 @@ class Trainer:
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
+        self.ahead: RolloutAhead | None = None  # max_staleness > 0: background rollouts (agentrl/rollout_ahead.py)
         self._last_saved = -1  # the step this process last checkpointed (every rank knows it)
         if cfg.resume:
             with self._checkpoint_objects(saving=False) as (model, optimizer):
@@ -143,6 +145,8 @@ class Trainer:
                     print(f"resume: written by {saved_world} process(es), continuing with {self.accelerator.num_processes}", flush=True)
         if cfg.resume or kind == "adapter":
             self._sync_weights()  # a separate generator holds the base checkpoint's weights
+        if cfg.max_staleness:
+            self.ahead = self._rollouts_ahead(path, bf16)
 
     @property
     def step(self) -> int:
@@ -171,7 +175,8 @@ class Trainer:
                 while state.step < cfg.max_steps and not (stopping := any_rank(self.accelerator, stop.is_set())):
                     t_start = time.perf_counter()
                     tasks = state.next_tasks(self.train_data, cfg.prompts_per_step * cfg.steps_per_generation)
-                    groups, rollout_s = self._rollout_shared(tasks, seed=cfg.seed * 1_000_003 + state.step * 7919)
+                    seed = self._train_seed(state.step)
+                    groups, rollout_s = self.ahead.take(state, tasks, seed) if self.ahead else self._rollout_shared(tasks, seed=seed)
                     rollout_peak = peak_memory_gib()
                     batch = build_batch(groups, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage)
                     for metrics in self.learner.learn(batch, state.step):
@@ -189,6 +194,8 @@ class Trainer:
                     if self.is_main:
                         print(f"interrupted: stopped after step {state.step}, checkpoint {saved}; continue with resume=latest output_dir={self.run_dir}", flush=True)
         finally:
+            if self.ahead is not None:
+                self.ahead.close()
             anyio.run(self.generator.close)
         if self.is_main:
             write_reward_curve(state.history, self.run_dir / "reward_curve.png", title=f"agentrl train {cfg.env}")
@@ -243,7 +250,29 @@ class Trainer:
         """Hand the generator the policy's new weights (a no-op for one that shares the module)."""
         start = time.perf_counter()
         self.generator.load_weights(WeightUpdate.from_module(self._module(), version=self.state.step))
-        return {"perf/weight_sync_s": time.perf_counter() - start}
+        out = {"perf/weight_sync_s": time.perf_counter() - start}
+        if self.ahead is not None:
+            self.ahead.publish(self._module(), self.state.step)
+            out.update(self.ahead.step_metrics(self.state.step))
+        return out
+
+    def _train_seed(self, step: int) -> int:
+        """The rollout seed of the generation batch drawn at ``step``."""
+        return self.cfg.seed * 1_000_003 + step * 7919
+
+    def _rollouts_ahead(self, path: str, bf16: bool) -> RolloutAhead:
+        """The background generator of ``max_staleness > 0``: a copy of the policy on ``rollout_device``."""
+        cfg = self.cfg
+        if self.accelerator.num_processes > 1:
+            raise ConfigError("max_staleness > 0 runs in one process for now; launch it without torchrun / accelerate launch")
+        return RolloutAhead(
+            self._module(), env=self.env, train_data=self.train_data, num_generations=cfg.num_generations,
+            make_generator=lambda module: build_generator(cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed),
+            engine_of=lambda generator: RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling),
+            tasks_per_batch=cfg.prompts_per_step * cfg.steps_per_generation, steps_per_generation=cfg.steps_per_generation,
+            max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=self._train_seed, version=self.state.step,
+            device=torch.device(cfg.rollout_device) if cfg.rollout_device else self.accelerator.device, dtype=torch.bfloat16 if bf16 else None,
+        )
 
     def evaluate(self, n: int) -> dict[str, float]:
         """Mean reward on the first ``n`` test tasks, one episode each at ``eval_temperature``."""

@@ -1,0 +1,85 @@
+"""Asynchronous rollouts with bounded staleness (``max_staleness``), on the bundled model, on CPU.
+
+Real runs of the trainer: the background thread generates the next batches from its own copy of
+the policy while the trainer trains; every step logs the staleness of the episodes it trained on.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from agentrl.config import ConfigError, build, parse_overrides
+from agentrl.train_config import TrainConfig
+from agentrl.trainer import Trainer
+
+SMALL = ["prompts_per_step=2", "num_generations=4", "micro_batch_size=4", "rollout.max_tokens_per_turn=32",
+         "rollout.max_completion_tokens=160", "learning_rate=2e-5", "samples_per_log=1"]
+
+
+def train(out, *extra: str) -> Trainer:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer = Trainer(build(TrainConfig, parse_overrides([*SMALL, f"output_dir={out}", *extra])))
+        trainer.train()
+    finally:
+        torch.set_num_threads(threads)
+    return trainer
+
+
+def metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_staleness_is_bounded_logged_and_corrected(tmp_path, bound):
+    steps = 5
+    trainer = train(tmp_path / "async", f"max_steps={steps}", f"max_staleness={bound}")
+    rows = metrics(tmp_path / "async")
+    assert [m["step"] for m in rows] == list(range(1, steps + 1))
+    seen = [m["async/staleness"] for m in rows]
+    versions = [m["async/policy_version"] for m in rows]
+    print(f"max_staleness={bound}: staleness per step {seen}, behaviour policy versions {versions}")
+    assert all(0 <= s <= bound for s in seen)
+    assert all(m["step"] - 1 - v == s for m, v, s in zip(rows, versions, seen))
+    assert seen[0] == 0  # the first batch is generated from the initial weights
+    # the overlap happened: the batch after the first was generated while step 1 trained
+    assert max(seen) >= 1
+    # step 1: the copy holds exactly the policy's weights, so the sampler's log-probs are the trainer's
+    assert rows[0]["loss/is_ratio/mean"] == pytest.approx(1.0, abs=1e-5)
+    stale = [m for m in rows if m["async/staleness"] > 0]
+    assert all(m["loss/is_ratio/max"] != 1.0 or m["loss/is_ratio/min"] != 1.0 for m in stale)  # the correction acts
+    # the run's task order is the synchronous one: the checkpoint records the same data position
+    sync = train(tmp_path / "sync", f"max_steps={steps}")
+    assert (trainer.state.data_pos, trainer.state.epoch) == (sync.state.data_pos, sync.state.epoch)
+    assert trainer.ahead is not None and not trainer.ahead._thread.is_alive()  # closed at the end
+
+
+def test_staleness_zero_is_the_synchronous_loop(tmp_path):
+    """max_staleness=0 builds no background rollouts: the run is the synchronous one, bit for bit."""
+    a = train(tmp_path / "default", "max_steps=2")
+    b = train(tmp_path / "zero", "max_steps=2", "max_staleness=0")
+    assert a.ahead is None and b.ahead is None
+    wa = load_file(tmp_path / "default" / "checkpoints" / "step-000002" / "model.safetensors")
+    wb = load_file(tmp_path / "zero" / "checkpoints" / "step-000002" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert [m["reward/mean"] for m in metrics(tmp_path / "default")] == [m["reward/mean"] for m in metrics(tmp_path / "zero")]
+
+
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        (["max_staleness=1", "loss.sampler_is_mode=null"], "importance-sampling correction"),
+        (["max_staleness=1", "generator=vllm"], "generator.backend=transformers"),
+        (["rollout_device=cpu"], "rollout_device has no effect"),
+        (["max_staleness=1", "distributed.strategy=fsdp"], "one process"),
+    ],
+)
+def test_bad_async_settings_are_refused(keys, words):
+    with pytest.raises(ConfigError) as err:
+        build(TrainConfig, parse_overrides(keys))
+    assert words in str(err.value)
