@@ -83,3 +83,24 @@ def test_bad_async_settings_are_refused(keys, words):
     with pytest.raises(ConfigError) as err:
         build(TrainConfig, parse_overrides(keys))
     assert words in str(err.value)
+
+
+def test_async_vs_dp_benchmark_logic_on_cpu():
+    """benchmarks/async_vs_dp.py's one-process modes on CPU: a RESULT line with the staleness seen."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    small = ["--cpu", "--steps", "3", "--prompts", "2", "--generations", "4", "--tokens", "32", "--micro", "4"]
+    results = {}
+    for mode in ("sync", "async"):
+        done = subprocess.run([sys.executable, "benchmarks/async_vs_dp.py", "--mode", mode, *small], cwd=root, capture_output=True, text=True,
+                              timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+        results[mode] = json.loads(line.removeprefix("RESULT "))
+    print(results)
+    assert results["sync"]["staleness"] is None and results["sync"]["steps"] == 3
+    assert len(results["async"]["staleness"]) == 3 and all(0 <= s <= 1 for s in results["async"]["staleness"])
+    assert all(r["episodes_per_s"] > 0 for r in results.values())
