@@ -169,6 +169,8 @@ class RolloutAhead:
             self._submit(_Job(nxt, tasks, self.seed_of(nxt)))
 
     def _produce(self) -> None:
+        if self.module_device.type == "cuda":  # this thread's current device: the copy's (CUDA graphs capture on it)
+            torch.cuda.set_device(self.module_device)
         while True:
             job = self._jobs.get()
             if job is None:
@@ -189,13 +191,19 @@ class RolloutAhead:
                 t0 = time.perf_counter()
                 self.generator.begin_rollout()
                 try:
-                    result.groups = anyio.run(lambda: self.engine.run(self.env, job.tasks, n=self.n, seed=job.seed))
+                    result.groups = self._hosted(lambda: anyio.run(lambda: self.engine.run(self.env, job.tasks, n=self.n, seed=job.seed)))
                 finally:
                     self.generator.end_rollout()
                 result.seconds = time.perf_counter() - t0
             except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
                 result.error = exc
             self._results.put(result)
+
+
+    def _hosted(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` while this thread decodes the generator's batches (one torch thread, not two)."""
+        host = getattr(self.generator, "run_hosted", None)
+        return host(fn) if host is not None else fn()
 
 
 def _copy_for_generation(policy: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> torch.nn.Module:
