@@ -142,17 +142,15 @@ def empty_weights(module: torch.nn.Module) -> None:
         q.data = torch.empty(0, dtype=q.dtype, device=q.device)
 
 
-def generation_copy(model: torch.nn.Module, dtype: torch.dtype | None) -> torch.nn.Module:
-    """An unsharded, frozen copy of ``model`` to decode with (``dtype``: e.g. bf16), weights freed
-    until the first :meth:`GatheredGenerator.begin_rollout`. Made before sharding."""
+def generation_copy(model: torch.nn.Module, dtype: torch.dtype | None, device: torch.device) -> torch.nn.Module:
+    """An unsharded, frozen copy of ``model`` on ``device`` to decode with (``dtype``: e.g. bf16),
+    weights freed until the first :meth:`GatheredGenerator.begin_rollout`. Made before sharding."""
     import copy
 
     dup = copy.deepcopy(model)
-    if dtype is not None:
-        dup = dup.to(dtype)
     dup.eval().requires_grad_(False)
-    empty_weights(dup)
-    return dup
+    empty_weights(dup)  # before moving: only the (small) buffers reach the device now
+    return dup.to(device=device, dtype=dtype) if dtype is not None else dup.to(device)
 
 
 class GatheredGenerator:

@@ -96,14 +96,16 @@ class Trainer:
         path = resolve_model(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.path if not is_adapter_folder(path) else path)
         self.chat_format = get_chat_format(self.tokenizer, cfg.model.chat_format)
-        policy, kind = load_policy(path, torch.float32, str(self.accelerator.device), cfg.peft.model_dump() if cfg.peft else None)
+        shard = cfg.distributed.strategy == "fsdp" and self.accelerator.num_processes > 1
+        # sharded: loaded on the host, each layer moved to the device as it is sharded (no whole fp32 model on one card)
+        policy, kind = load_policy(path, torch.float32, "cpu" if shard else str(self.accelerator.device), cfg.peft.model_dump() if cfg.peft else None)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(policy)
         self.reference = Reference(policy, kind, cfg.loss.beta, adapter_path=path if kind == "adapter" else None)
         self.policy_kind = kind
         gathered = None  # FSDP2: the unsharded copy generation decodes with (agentrl/sharded.py)
-        if cfg.distributed.strategy == "fsdp" and self.accelerator.num_processes > 1:
-            gathered = generation_copy(policy, torch.bfloat16 if bf16 else None)
+        if shard:
+            gathered = generation_copy(policy, torch.bfloat16 if bf16 else None, self.accelerator.device)
             policy = shard_policy(policy, self.accelerator.device, bf16)
         elif cfg.distributed.strategy == "fsdp" and self.is_main:
             print("distributed.strategy=fsdp: one process, nothing to shard; training unsharded", flush=True)

@@ -30,7 +30,6 @@ printed as ``OOM`` with the phase it happened in (exit status 0: it is the expec
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -43,7 +42,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-if importlib.util.find_spec("pydantic") is None:  # import agentrl.sharded without agentrl/__init__.py
+try:
+    import pydantic  # noqa: F401  (agentrl/__init__.py needs it for the tool layer)
+except ImportError:  # import agentrl.sharded without agentrl/__init__.py
     package = types.ModuleType("agentrl")
     package.__path__ = [str(ROOT / "agentrl")]
     sys.modules["agentrl"] = package
