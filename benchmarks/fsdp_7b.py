@@ -61,6 +61,8 @@ SHAPES = {
                          num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True),
     "tiny": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=False),
+    "tiny-tied": dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True),
 }
 
 
@@ -83,6 +85,8 @@ def materialise(model: torch.nn.Module, device: torch.device, seed: int) -> None
 
     saved = {n: b.clone() for n, b in model.model.rotary_emb.named_buffers()}
     model.to_empty(device=device)
+    if not any(isinstance(p, DTensor) for p in model.parameters()):
+        model.tie_weights()  # to_empty gives each module its own new tensor: a tied head is tied again (FSDP keeps it tied)
     for n, b in model.model.rotary_emb.named_buffers():
         b.copy_(saved[n])
     std = model.config.initializer_range
@@ -202,6 +206,7 @@ def main() -> None:
 
                 copy = Qwen2ForCausalLM(model.config).to(torch.bfloat16).eval().requires_grad_(False)
             copy.to_empty(device=device)
+            copy.tie_weights()
             if cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()

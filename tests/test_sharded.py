@@ -95,10 +95,12 @@ def test_fsdp_refuses_what_it_does_not_shard(keys, words):
     assert "distributed.strategy=fsdp" in str(err.value) and words in str(err.value)
 
 
-def test_fsdp_7b_benchmark_logic_on_cpu(tmp_path):
-    """benchmarks/fsdp_7b.py with the tiny shape: two sharded gloo processes take the steps one
-    unsharded process takes (same per-tensor-seeded weights, same losses), and gather the copy."""
-    bench = ["benchmarks/fsdp_7b.py", "--shape", "tiny", "--cpu", "--tokens", "64", "--prompt", "16", "--steps", "3"]
+@pytest.mark.parametrize("shape", ["tiny", "tiny-tied"])
+def test_fsdp_7b_benchmark_logic_on_cpu(tmp_path, shape):
+    """benchmarks/fsdp_7b.py with a tiny shape (untied head like Qwen2.5-7B, tied like 0.5B): two
+    sharded gloo processes take the steps one unsharded process takes (same per-tensor-seeded
+    weights, same losses), and gather the copy."""
+    bench = ["benchmarks/fsdp_7b.py", "--shape", shape, "--cpu", "--tokens", "64", "--prompt", "16", "--steps", "3"]
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     sharded = run([*launch, *bench, "--json", str(tmp_path / "sharded.json")])
     run([sys.executable, *bench, "--single", "--json", str(tmp_path / "single.json")])
