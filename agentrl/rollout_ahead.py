@@ -76,10 +76,11 @@ class RolloutAhead:
         self, policy: torch.nn.Module, *, make_generator: Callable[[torch.nn.Module], Any], engine_of: Callable[[Any], RolloutEngine],
         env: Any, train_data: Any, num_generations: int, tasks_per_batch: int, steps_per_generation: int, max_staleness: int,
         max_steps: int, seed_of: Callable[[int], int], version: int, device: torch.device, dtype: torch.dtype | None = None,
+        timeout_s: float = 1800.0,
     ) -> None:
         if max_staleness < 1:
             raise ValueError("RolloutAhead needs max_staleness >= 1 (0 is the synchronous loop)")
-        self.s, self.spg, self.max_steps = max_staleness, steps_per_generation, max_steps
+        self.s, self.spg, self.max_steps, self.timeout_s = max_staleness, steps_per_generation, max_steps, timeout_s
         self.env, self.data, self.n, self.per_batch, self.seed_of = env, train_data, num_generations, tasks_per_batch, seed_of
         self.module = _copy_for_generation(policy, device, dtype)
         self._dtypes = {n: p.dtype for n, p in self.module.named_parameters()}
@@ -112,7 +113,12 @@ class RolloutAhead:
             raise RolloutAheadError(f"rollouts ahead out of step: prepared the batch of step {job.target}, the trainer is at step {step}")
         self._fill(step)
         t0 = time.perf_counter()
-        result = self._results.get()
+        try:
+            result = self._results.get(timeout=self.timeout_s)
+        except queue.Empty:
+            raise RolloutAheadError(
+                f"the background rollout for step {step} did not finish within {self.timeout_s:g}s (distributed_timeout_s); the generator or an environment hangs"
+            ) from None
         self._submitted.pop(0)
         if result.error is not None:
             raise RolloutAheadError(f"background rollout for step {step} failed: {type(result.error).__name__}: {result.error}") from result.error
@@ -138,6 +144,7 @@ class RolloutAhead:
         return {**self.last, "async/staleness": float(step - 1 - self.last["async/policy_version"])}
 
     def close(self) -> None:
+        """Stop the background thread (a batch in progress finishes first) and close its generator."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()

@@ -274,6 +274,7 @@ class Trainer:
             tasks_per_batch=cfg.prompts_per_step * cfg.steps_per_generation, steps_per_generation=cfg.steps_per_generation,
             max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=self._train_seed, version=self.state.step,
             device=torch.device(cfg.rollout_device) if cfg.rollout_device else self.accelerator.device, dtype=torch.bfloat16 if bf16 else None,
+            timeout_s=cfg.distributed_timeout_s,
         )
 
     def evaluate(self, n: int) -> dict[str, float]:

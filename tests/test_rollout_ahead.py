@@ -110,3 +110,24 @@ def test_async_vs_dp_benchmark_logic_on_cpu():
     assert results["sync"]["staleness"] is None and results["sync"]["steps"] == 3
     assert len(results["async"]["staleness"]) == 3 and all(0 <= s <= 1 for s in results["async"]["staleness"])
     assert all(r["episodes_per_s"] > 0 for r in results.values())
+
+
+def test_background_failure_stops_the_run_with_a_clear_error(tmp_path):
+    """The background generator fails at its second batch: the trainer raises one error that says
+    which step and why, instead of waiting forever, and the background thread is stopped."""
+    from agentrl.rollout_ahead import RolloutAheadError
+
+    trainer = Trainer(build(TrainConfig, parse_overrides([*SMALL, f"output_dir={tmp_path}", "max_steps=3", "max_staleness=1"])))
+    original, calls = trainer.ahead.generator.begin_rollout, []
+
+    def failing() -> None:
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA error: an illegal memory access (simulated)")
+        original()
+
+    trainer.ahead.generator.begin_rollout = failing
+    with pytest.raises(RolloutAheadError, match=r"background rollout for step 1 failed: RuntimeError: CUDA error"):
+        trainer.train()
+    assert not trainer.ahead._thread.is_alive()
+    assert [m["step"] for m in metrics(tmp_path)] == [1]
