@@ -35,10 +35,11 @@ def metrics(out) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("bound", [1, 2])
-def test_staleness_is_bounded_logged_and_corrected(tmp_path, bound):
+@pytest.mark.parametrize(("bound", "extra"), [(1, []), (2, []), (1, ["peft.r=8", "learning_rate=1e-3"])], ids=["1", "2", "1-lora"])
+def test_staleness_is_bounded_logged_and_corrected(tmp_path, bound, extra):
+    """A LoRA policy's copy is the base with the adapter merged in, refreshed with merged weights."""
     steps = 5
-    trainer = train(tmp_path / "async", f"max_steps={steps}", f"max_staleness={bound}")
+    trainer = train(tmp_path / "async", f"max_steps={steps}", f"max_staleness={bound}", *extra)
     rows = metrics(tmp_path / "async")
     assert [m["step"] for m in rows] == list(range(1, steps + 1))
     seen = [m["async/staleness"] for m in rows]
@@ -54,7 +55,7 @@ def test_staleness_is_bounded_logged_and_corrected(tmp_path, bound):
     stale = [m for m in rows if m["async/staleness"] > 0]
     assert all(m["loss/is_ratio/max"] != 1.0 or m["loss/is_ratio/min"] != 1.0 for m in stale)  # the correction acts
     # the run's task order is the synchronous one: the checkpoint records the same data position
-    sync = train(tmp_path / "sync", f"max_steps={steps}")
+    sync = train(tmp_path / "sync", f"max_steps={steps}", *extra)
     assert (trainer.state.data_pos, trainer.state.epoch) == (sync.state.data_pos, sync.state.epoch)
     assert trainer.ahead is not None and not trainer.ahead._thread.is_alive()  # closed at the end
 
