@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from test_distributed import ROOT, assert_same_run, env_vars, free_port, reference, train_args
 

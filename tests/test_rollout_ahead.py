@@ -7,6 +7,10 @@ the policy while the trainer trains; every step logs the staleness of the episod
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,16 +98,12 @@ def test_bad_async_settings_are_refused(keys, words):
 
 def test_async_vs_dp_benchmark_logic_on_cpu():
     """benchmarks/async_vs_dp.py's one-process modes on CPU: a RESULT line with the staleness seen."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     small = ["--cpu", "--steps", "3", "--prompts", "2", "--generations", "4", "--tokens", "32", "--micro", "4"]
     results = {}
     for mode in ("sync", "async"):
         done = subprocess.run([sys.executable, "benchmarks/async_vs_dp.py", "--mode", mode, *small], cwd=root, capture_output=True, text=True,
-                              timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+                              timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-3000:]
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
         results[mode] = json.loads(line.removeprefix("RESULT "))

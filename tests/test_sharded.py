@@ -10,11 +10,14 @@ of the same configuration through the Python API (helpers from test_distributed.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import TOL, assert_same_run, final_weights, free_port, metrics, reference, run, train_args
+from test_distributed import ROOT, TOL, assert_same_run, env_vars, final_weights, free_port, metrics, reference, run, train_args
 
 from agentrl.config import ConfigError, build, parse_overrides
 from agentrl.train_config import TrainConfig
@@ -132,12 +135,6 @@ def test_fsdp_7b_benchmark_runs_without_pydantic():
 def test_fsdp_dead_rank_fails_with_clear_error(tmp_path):
     """Rank 1 exits during step 2's rollout of a sharded run; rank 0 (started by hand, no torchrun
     agent to stop it) fails with the error that names the cause, not a hang, as under data parallel."""
-    import subprocess
-    import time
-    from pathlib import Path
-
-    from test_distributed import ROOT, env_vars
-
     spec = f"env={Path(__file__).resolve().parent / 'test_distributed.py'}:FaultyCalculator"
     args = [sys.executable, *train_args(tmp_path, spec, "distributed_timeout_s=40", "distributed.strategy=fsdp")]
     common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "AGENTRL_TEST_FAULT": "exit"}
