@@ -98,6 +98,8 @@ def cmd_train(args: list[str]) -> int:
     from agentrl.batch import EmptyBatchError
     from agentrl.config import build, parse_overrides
     from agentrl.distributed import DistributedError
+    from agentrl.rollout_ahead import RolloutAheadError
+    from agentrl.sharded import ShardingError
     from agentrl.train_config import TrainConfig
     from agentrl.trainer import Trainer
     from agentrl.validate import preflight_train
@@ -107,7 +109,7 @@ def cmd_train(args: list[str]) -> int:
         preflight_train(cfg)
         trainer = Trainer(cfg)
         trainer.train()
-    except (EmptyBatchError, DistributedError) as exc:  # every episode failed / a peer rank died: the cause, in one line
+    except (EmptyBatchError, DistributedError, RolloutAheadError, ShardingError) as exc:  # every episode failed / a peer rank died / ...: the cause, in one line
         print(f"agentrl train: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C: the step was abandoned

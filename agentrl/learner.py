@@ -21,6 +21,7 @@ from agentrl.distributed import average_gradients, learner_rows, mean_over_ranks
 from agentrl.logprobs import completion_logprobs
 from agentrl.losses import LossConfig, StepCounts, local_counts, policy_loss
 from agentrl.reference import Reference
+from agentrl.sharded import ShardedPolicy, full_tensor, lockstep_count
 
 
 @dataclass
@@ -49,6 +50,11 @@ class Learner:
         # completion_logprobs calls the decoder and the head directly, never DDP's forward, so DDP's
         # hooks stay idle and the gradients are averaged here, once per step (average_gradients)
         self.model = policy if accelerator.num_processes == 1 else accelerator.unwrap_model(policy, keep_fp32_wrapper=True)
+        # under FSDP2 (agentrl/sharded.py) the policy is the sharded root, whose forward is the
+        # log-prob path; its reduce-scatter averages the gradients, and every forward is collective
+        self.sharded = isinstance(policy, ShardedPolicy)
+        if self.sharded:
+            self.model = policy
 
     def learn(self, batch: Batch, step: int) -> Iterator[dict[str, Any]]:
         """Yield one metrics dict per optimizer step taken on ``batch`` (``step``: steps taken before)."""
@@ -78,21 +84,29 @@ class Learner:
         width = int(batch.lengths[idx].max())  # trim the padding every row of this micro-batch has
         keep = int((batch.lengths[idx] - batch.starts[idx]).max())
         ids = batch.input_ids[idx, :width].to(dev)
+        fn = model if isinstance(model, ShardedPolicy) else lambda *a, **k: completion_logprobs(model, *a, **k)
         with self.accelerator.autocast():
-            out = completion_logprobs(
-                model, ids, batch.starts[idx].to(dev), keep, temperature=self.settings.temperature,
-                chunk_size=self.settings.logprob_chunk_size, return_entropy=entropy,
-            )
+            out = fn(ids, batch.starts[idx].to(dev), keep, temperature=self.settings.temperature, chunk_size=self.settings.logprob_chunk_size, return_entropy=entropy)
         return out, keep
+
+    def _lockstep(self, micro: list[torch.Tensor]) -> list[tuple[torch.Tensor, bool]]:
+        """``(rows, real)`` per forward. Sharded, every rank runs as many forwards as the busiest
+        (each is collective); the extra ones rerun a row with zero weight (``real`` False)."""
+        out = [(m, True) for m in micro]
+        if self.sharded:
+            extra = lockstep_count(len(micro), self.accelerator.device) - len(micro)
+            out += [(micro[-1][:1], False)] * extra
+        return out
 
     def _no_grad_logprobs(self, model: Any, batch: Batch, rows: torch.Tensor) -> torch.Tensor:
         """[B, C] log-probs of ``rows`` (this rank's rows; the others stay 0)."""
         B, C = batch.loss_mask.shape
         out = torch.zeros((B, C))
         with torch.no_grad():
-            for idx in rows.split(self.settings.micro_batch_size):
+            for idx, real in self._lockstep(list(rows.split(self.settings.micro_batch_size))):
                 lp, keep = self._logprobs(model, batch, idx)
-                out[idx, :keep] = lp.float().cpu()
+                if real:
+                    out[idx, :keep] = lp.float().cpu()
         return out
 
     def _optimizer_step(self, batch: Batch, chunk: torch.Tensor, old: Any, ref: Any, step: int) -> dict[str, Any]:
@@ -111,8 +125,11 @@ class Learner:
         )
         sums: dict[str, float] = {}
         trained_tokens = 0
-        for idx in micro:
+        for idx, real in self._lockstep(list(micro)):
             (lp, ent), keep = self._logprobs(self.model, batch, idx, entropy=True)
+            if not real:  # sharded: pairs up the other ranks' collectives; adds nothing to the gradient
+                self.accelerator.backward(lp.sum() * 0.0)
+                continue
             if old is None:  # a single pass: these are the logprobs under the sampling weights
                 _keep_trainer_logprobs(batch, idx, lp)
             loss, m = self._loss(batch, idx, keep, lp, ent, old, ref, counts, truncated)
@@ -120,11 +137,11 @@ class Learner:
             trained_tokens += int(batch.loss_mask[idx].sum())
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v / len(micro))  # loss shares add up
-        if self.accelerator.num_processes > 1:  # each rank's loss is its share x num_processes: the mean is the step's gradient
+        if self.accelerator.num_processes > 1 and not self.sharded:  # each rank's loss is its share x num_processes: the mean is the step's gradient
             average_gradients(self.model.parameters(), self.accelerator.num_processes)
         # max_norm inf: the total norm without clipping, for the finiteness check below
         limit = s.max_grad_norm if s.max_grad_norm is not None else math.inf
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.policy.parameters(), limit))
+        grad_norm = float(full_tensor(self.accelerator.clip_grad_norm_(self.policy.parameters(), limit)))
         skipped = not math.isfinite(grad_norm)
         if skipped:  # a NaN/inf gradient would poison the weights and every later rollout: drop it
             print(f"step {step}: non-finite gradient norm ({grad_norm}); update skipped", flush=True)

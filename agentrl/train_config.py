@@ -32,6 +32,14 @@ class ExtraReward(Strict):
     name: str | None = Field(None, description="metric name (default: the function's name)")
 
 
+class DistributedSettings(Strict):
+    """How several processes (torchrun / accelerate launch) share the model (docs/distributed.md)."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp: every rank holds the whole model and optimizer; fsdp: FSDP2 shards weights, gradients and AdamW state over the ranks (full fine-tuning of models that do not fit one card)"
+    )
+
+
 class TrainConfig(Strict):
     """``agentrl train``: GRPO on an environment (docs/training.md)."""
 
@@ -95,6 +103,11 @@ class TrainConfig(Strict):
     keep_checkpoints: int | None = Field(2, ge=1, description="newest checkpoints kept (null: all)")
 
     # several processes (torchrun / accelerate launch; docs/distributed.md)
+    distributed: DistributedSettings = Field(default_factory=DistributedSettings)
+    max_staleness: int = Field(
+        0, ge=0, description="asynchronous rollouts: generate the next steps' episodes while this one trains, from weights at most this many optimizer steps old (0: synchronous; docs/distributed.md)"
+    )
+    rollout_device: str | None = Field(None, description="with max_staleness > 0: the device of the rollout copy of the policy (default: the training device; e.g. cuda:1)")
     distributed_timeout_s: float = Field(
         1800.0, gt=0, description="a collective waiting longer than this on a dead or stalled rank fails with an error instead of hanging; it must cover the slowest rank's rollout of one step"
     )
@@ -119,6 +132,26 @@ class TrainConfig(Strict):
             raise ValueError("ref_mix_alpha mixes a full-model reference: it needs loss.beta > 0 and no peft")
         if self.eval_every == 0 and self.model_fields_set & {"eval_tasks", "eval_temperature"}:
             raise ValueError("eval_tasks/eval_temperature have no effect without eval_every > 0")
+        if self.distributed.strategy == "fsdp":
+            if self.peft is not None:
+                raise ValueError("distributed.strategy=fsdp shards full fine-tuning; LoRA trains a few parameters: use ddp (the default)")
+            if self.loss.beta > 0:
+                raise ValueError("distributed.strategy=fsdp: loss.beta > 0 needs a reference model, which is not sharded yet; use loss.beta=0")
+            if self.optimizer_offload:
+                raise ValueError("distributed.strategy=fsdp: optimizer_offload is not supported with sharded parameters (FSDP already divides AdamW's state by the number of ranks)")
+            if self.generator.backend != "transformers":
+                raise ValueError("distributed.strategy=fsdp: only generator.backend=transformers decodes from the gathered copy so far")
+        if self.max_staleness == 0 and self.rollout_device is not None:
+            raise ValueError("rollout_device has no effect without max_staleness > 0 (asynchronous rollouts)")
+        if self.max_staleness > 0:
+            if self.loss.sampler_is_mode is None:
+                raise ValueError("max_staleness > 0 trains on episodes of older weights: it needs the sampler importance-sampling correction (loss.sampler_is_mode=truncate or mask)")
+            if self.generator.backend != "transformers":
+                raise ValueError("max_staleness > 0: only generator.backend=transformers runs the background rollouts so far")
+            if self.distributed.strategy == "fsdp":
+                raise ValueError("max_staleness > 0 runs in one process; distributed.strategy=fsdp needs several")
+            if self.dynamic_sampling.enabled or self.curriculum.key is not None:
+                raise ValueError("max_staleness > 0 draws its tasks in the background: dynamic_sampling and curriculum do not combine with it yet")
         if self.sampling.seed is None:
             self.sampling.seed = self.seed
         return self

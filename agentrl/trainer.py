@@ -44,6 +44,8 @@ from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
 from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.metrics import rollout_metrics
+from agentrl.rollout_ahead import RolloutAhead
+from agentrl.sharded import GatheredGenerator, ShardedPolicy, checkpoint_views, generation_copy, shard_policy
 from agentrl.train_config import TrainConfig
 from agentrl.train_setup import (
     build_optimizer,
@@ -96,13 +98,25 @@ class Trainer:
         path = resolve_model(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.path if not is_adapter_folder(path) else path)
         self.chat_format = get_chat_format(self.tokenizer, cfg.model.chat_format)
-        policy, kind = load_policy(path, torch.float32, str(self.accelerator.device), cfg.peft.model_dump() if cfg.peft else None)
+        shard = cfg.distributed.strategy == "fsdp" and self.accelerator.num_processes > 1
+        # sharded: loaded on the host, each layer moved to the device as it is sharded (no whole fp32 model on one card)
+        policy, kind = load_policy(path, torch.float32, "cpu" if shard else str(self.accelerator.device), cfg.peft.model_dump() if cfg.peft else None)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(policy)
         self.reference = Reference(policy, kind, cfg.loss.beta, adapter_path=path if kind == "adapter" else None)
         self.policy_kind = kind
+        gathered = None  # FSDP2: the unsharded copy generation decodes with (agentrl/sharded.py)
+        if shard:
+            gathered = generation_copy(policy, torch.bfloat16 if bf16 else None, self.accelerator.device)
+            policy = shard_policy(policy, self.accelerator.device, bf16)
+        elif cfg.distributed.strategy == "fsdp" and self.is_main:
+            print("distributed.strategy=fsdp: one process, nothing to shard; training unsharded", flush=True)
         optimizer, scheduler = build_optimizer(cfg, policy, cuda)
-        self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
+        if isinstance(policy, ShardedPolicy):  # sharded already: accelerate must not wrap it in DDP
+            self.policy = policy
+            self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
+        else:
+            self.policy, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
         settings = LearnSettings(
             micro_batch_size=cfg.micro_batch_size, num_iterations=cfg.num_iterations, steps_per_generation=cfg.steps_per_generation,
             temperature=cfg.sampling.temperature, logprob_chunk_size=cfg.logprob_chunk_size, max_grad_norm=cfg.max_grad_norm,
@@ -114,17 +128,22 @@ class Trainer:
         self.pad_id = pad_token_id(self.tokenizer, self.chat_format.stop_token_ids)
         separate = cfg.generator.backend != "transformers"  # vLLM loads the base checkpoint itself
         self.generator = build_generator(
-            cfg.generator, model=None if separate else self._module(), model_path=generation_base(path, kind) if separate else str(path),
+            cfg.generator, model=None if separate else (gathered if gathered is not None else self._module()), model_path=generation_base(path, kind) if separate else str(path),
             pad_token_id=self.pad_id, max_context=cfg.rollout.max_context if separate else None, seed=cfg.seed,
             train_dtype=torch.bfloat16 if bf16 else None,
         )
+        if gathered is not None:
+            self.generator = GatheredGenerator(self.generator, self.policy, gathered)
         self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.curriculum = Curriculum(self.train_data, cfg.curriculum, cfg.seed) if cfg.curriculum.key else None
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
+        self.ahead: RolloutAhead | None = None  # max_staleness > 0: background rollouts (agentrl/rollout_ahead.py)
+        self._last_saved = -1  # the step this process last checkpointed (every rank knows it)
         if cfg.resume:
-            where, saved_world = resume_run(cfg.resume, self.run_dir, self.state, self._module(), self.optimizer, self.scheduler)
+            with self._checkpoint_objects(saving=False) as (model, optimizer):
+                where, saved_world = resume_run(cfg.resume, self.run_dir, self.state, model, optimizer, self.scheduler)
             if self.is_main:
                 print(f"resumed from {where} at step {self.step}", flush=True)
                 if saved_world != self.accelerator.num_processes:  # the batch and data order are global: it continues the same run
@@ -133,6 +152,8 @@ class Trainer:
                 self.curriculum.load_state_dict(self.state.curriculum)
         if cfg.resume or kind == "adapter":
             self._sync_weights()  # a separate generator holds the base checkpoint's weights
+        if cfg.max_staleness:
+            self.ahead = self._rollouts_ahead(path, bf16)
 
     @property
     def step(self) -> int:
@@ -179,6 +200,8 @@ class Trainer:
                     if self.is_main:
                         print(f"interrupted: stopped after step {state.step}, checkpoint {saved}; continue with resume=latest output_dir={self.run_dir}", flush=True)
         finally:
+            if self.ahead is not None:
+                self.ahead.close()
             anyio.run(self.generator.close)
         if self.is_main:
             write_reward_curve(state.history, self.run_dir / "reward_curve.png", title=f"agentrl train {cfg.env}")
@@ -212,7 +235,10 @@ class Trainer:
         whose rewards do not vary are dropped and further tasks rolled out, ``max_rounds`` times at most."""
         cfg, state = self.cfg, self.state
         target = cfg.prompts_per_step * cfg.steps_per_generation
-        seed = cfg.seed * 1_000_003 + state.step * 7919
+        seed = self._train_seed(state.step)
+        if self.ahead is not None:  # rollouts made in the background (max_staleness > 0; no dynamic sampling or curriculum there)
+            groups, seconds = self.ahead.take(state, state.next_tasks(self.train_data, target), seed)
+            return groups, groups, seconds, {}
         groups, seconds = self._rollout_shared(self._next_tasks(target), seed=seed)
         if not cfg.dynamic_sampling.enabled:
             return groups, groups, seconds, self._update_curriculum(groups)
@@ -268,7 +294,30 @@ class Trainer:
         """Hand the generator the policy's new weights (a no-op for one that shares the module)."""
         start = time.perf_counter()
         self.generator.load_weights(WeightUpdate.from_module(self._module(), version=self.state.step))
-        return {"perf/weight_sync_s": time.perf_counter() - start}
+        out = {"perf/weight_sync_s": time.perf_counter() - start}
+        if self.ahead is not None:
+            self.ahead.publish(self._module(), self.state.step)
+            out.update(self.ahead.step_metrics(self.state.step))
+        return out
+
+    def _train_seed(self, step: int) -> int:
+        """The rollout seed of the generation batch drawn at ``step``."""
+        return self.cfg.seed * 1_000_003 + step * 7919
+
+    def _rollouts_ahead(self, path: str, bf16: bool) -> RolloutAhead:
+        """The background generator of ``max_staleness > 0``: a copy of the policy on ``rollout_device``."""
+        cfg = self.cfg
+        if self.accelerator.num_processes > 1:
+            raise ConfigError("max_staleness > 0 runs in one process for now; launch it without torchrun / accelerate launch")
+        return RolloutAhead(
+            self._module(), env=self.env, train_data=self.train_data, num_generations=cfg.num_generations,
+            make_generator=lambda module: build_generator(cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed),
+            engine_of=lambda generator: RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling),
+            tasks_per_batch=cfg.prompts_per_step * cfg.steps_per_generation, steps_per_generation=cfg.steps_per_generation,
+            max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=self._train_seed, version=self.state.step,
+            device=torch.device(cfg.rollout_device) if cfg.rollout_device else self.accelerator.device, dtype=torch.bfloat16 if bf16 else None,
+            timeout_s=cfg.distributed_timeout_s,
+        )
 
     def evaluate(self, n: int) -> dict[str, float]:
         """Mean reward on the first ``n`` test tasks, one episode each at ``eval_temperature``."""
@@ -287,13 +336,24 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """Checkpoint the run (rank 0 writes; every rank holds the same weights and optimizer state)."""
-        if not self.is_main:
-            return self._checkpoint_dir()
-        return save_run(
-            self.run_dir, self.state, self.policy_kind, self._module(), self.tokenizer, self.optimizer, self.scheduler, self.cfg.keep_checkpoints,
-            world_size=self.accelerator.num_processes,
-        )
+        """Checkpoint the run (rank 0 writes; sharded weights and optimizer state are gathered to it first)."""
+        self._last_saved = self.state.step
+        with self._checkpoint_objects(saving=True) as (model, optimizer):
+            if not self.is_main:
+                return self._checkpoint_dir()
+            return save_run(
+                self.run_dir, self.state, self.policy_kind, model, self.tokenizer, optimizer, self.scheduler, self.cfg.keep_checkpoints,
+                world_size=self.accelerator.num_processes,
+            )
+
+    @contextlib.contextmanager
+    def _checkpoint_objects(self, saving: bool) -> Iterator[tuple[Any, Any]]:
+        """The model and optimizer checkpoint.py reads and writes: full state dicts when sharded."""
+        if isinstance(self.policy, ShardedPolicy):
+            with checkpoint_views(self.policy, self.optimizer, saving) as views:
+                yield views
+        else:
+            yield self._module(), self.optimizer
 
     def _checkpoint_dir(self) -> Path:
         from agentrl.checkpoint import checkpoint_dir
@@ -301,7 +361,8 @@ class Trainer:
         return checkpoint_dir(self.run_dir, self.state.step)
 
     def _saved_now(self) -> bool:
-        return (self._checkpoint_dir() / "trainer_state.json").is_file()
+        # the step this process saved (known to every rank: a sharded save is collective), or one on disk
+        return self._last_saved == self.state.step or (self._checkpoint_dir() / "trainer_state.json").is_file()
 
     def _module(self) -> Any:
         return self.accelerator.unwrap_model(self.policy)

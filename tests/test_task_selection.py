@@ -83,6 +83,12 @@ def test_curriculum_walks_each_bucket_without_repeats_and_resumes_exactly():
         assert len(set(seq[:10])) == min(10, len(seq))
 
 
+def test_background_rollouts_refuse_dynamic_sampling_and_curriculum():
+    for key in ("dynamic_sampling.enabled=true", "curriculum.key=difficulty"):
+        with pytest.raises(ConfigError, match="max_staleness > 0 draws its tasks in the background"):
+            build(TrainConfig, parse_overrides(["max_staleness=1", "loss.sampler_is_mode=truncate", key]))
+
+
 def test_curriculum_key_must_be_a_task_field():
     with pytest.raises(ConfigError, match="curriculum.key: the tasks have no field 'level'"):
         Curriculum([{"difficulty": 1}], CurriculumSettings(key="level"), seed=0)

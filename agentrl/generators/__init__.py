@@ -20,8 +20,9 @@ def run_with(generator: Any, fn: Any, *args: Any) -> Any:
 
     from agentrl.generators.transformers import TransformersGenerator
 
-    if isinstance(generator, TransformersGenerator) and generator.device.type == "cpu":
-        return generator.run_hosted(lambda: anyio.run(fn, *args))
+    inner = getattr(generator, "inner", generator)  # a wrapper's backend (agentrl/sharded.py's GatheredGenerator)
+    if isinstance(inner, TransformersGenerator) and inner.device.type == "cpu":
+        return inner.run_hosted(lambda: anyio.run(fn, *args))
     return anyio.run(fn, *args)
 
 

@@ -210,7 +210,9 @@ class StaticDecoder:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # a capture stream on this model's device (torch's default one is made once per process, on
+        # whichever device was current then: wrong for a second generator on another GPU)
+        with torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(self.device)):
             slot.logits = self.forward(slot, slot.ids, slot.pos, slot.mask)
         self._set_length(slot, column)  # capture records the counter's increment without running it
         slot.graph = graph

@@ -424,6 +424,8 @@ class TransformersGenerator:
 
     def _serve(self, until: threading.Event | None) -> None:
         """Gather queued requests into batches and run them until closed (or ``until`` is set)."""
+        if self.device.type == "cuda":  # a new thread starts on cuda:0; rank r's model (or a rollout copy) lives elsewhere
+            torch.cuda.set_device(self.device)
         while True:
             with self._cond:
                 while not self._pending and not self._closed and not (until is not None and until.is_set()):
