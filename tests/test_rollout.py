@@ -208,7 +208,7 @@ def test_context_overflow_rolls_back_and_scores(model, fmt):
     [s] = t.samples
     assert len(s.ids) <= prompt_len + 30
     assert s.loss_mask[-1] == 1  # ends on a sampled token: the environment reply was rolled back
-    assert t.rewards == {"correct": 0.0}
+    assert t.rewards == {"correct": 0.0, "format": 0.0, "progress": 0.0}
 
 
 def test_per_turn_token_cap_and_max_turns(model, fmt):
