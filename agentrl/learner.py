@@ -37,6 +37,11 @@ class LearnSettings:
     ref_mix_alpha: float | None
     ref_mix_every: int
     max_completion_tokens: int | None = None  # the constant of dr_grpo's constant-length sum
+    # the training-phase fast path (docs/performance.md, "Training phase"); off = the earlier path,
+    # kept so benchmarks/learner_phase.py can time both and the tests can compare them
+    logprob_head: str = "fused"  # "fused" linear + log-softmax autograd function, or "checkpoint" (chunked head module)
+    sort_by_length: bool = True  # micro-batches of rows of similar length: less padding in each
+    score_sampled_only: bool = True  # the output head only at sampled tokens (not tool results or padding)
 
 
 class Learner:
@@ -73,15 +78,29 @@ class Learner:
                 step += 1
                 yield self._optimizer_step(batch, chunk, old, ref, step)
 
+    def _micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """``rows`` in micro-batches; longest rows first and together when ``sort_by_length``.
+
+        Each micro-batch is padded to its longest row, so mixing a 900-token multi-turn row with
+        200-token ones pays for 900 x micro_batch_size. The split does not change the step's loss:
+        every micro-batch loss is normalised by the step's totals and they are summed.
+        """
+        if self.settings.sort_by_length and len(rows) > 1:
+            order = torch.sort(batch.lengths[rows], descending=True, stable=True).indices
+            rows = rows[order]
+        return list(rows.split(self.settings.micro_batch_size))
+
     def _logprobs(self, model: Any, batch: Batch, idx: torch.Tensor, entropy: bool = False) -> tuple[Any, int]:
-        dev = self.accelerator.device
+        s, dev = self.settings, self.accelerator.device
         width = int(batch.lengths[idx].max())  # trim the padding every row of this micro-batch has
         keep = int((batch.lengths[idx] - batch.starts[idx]).max())
         ids = batch.input_ids[idx, :width].to(dev)
+        only = batch.loss_mask[idx, :keep] > 0 if s.score_sampled_only else None
         with self.accelerator.autocast():
             out = completion_logprobs(
-                model, ids, batch.starts[idx].to(dev), keep, temperature=self.settings.temperature,
-                chunk_size=self.settings.logprob_chunk_size, return_entropy=entropy,
+                model, ids, batch.starts[idx].to(dev), keep, temperature=s.temperature, chunk_size=s.logprob_chunk_size,
+                return_entropy=entropy, only=only, head=s.logprob_head,  # type: ignore[arg-type]
+                grad_into_leaf=torch.is_grad_enabled(),  # the learner only ever calls .backward()
             )
         return out, keep
 
@@ -90,7 +109,7 @@ class Learner:
         B, C = batch.loss_mask.shape
         out = torch.zeros((B, C))
         with torch.no_grad():
-            for idx in rows.split(self.settings.micro_batch_size):
+            for idx in self._micro_batches(batch, rows):
                 lp, keep = self._logprobs(model, batch, idx)
                 out[idx, :keep] = lp.float().cpu()
         return out
@@ -98,7 +117,7 @@ class Learner:
     def _optimizer_step(self, batch: Batch, chunk: torch.Tensor, old: Any, ref: Any, step: int) -> dict[str, Any]:
         s, dev = self.settings, self.accelerator.device
         t0 = time.perf_counter()
-        micro = chunk.split(s.micro_batch_size)
+        micro = self._micro_batches(batch, chunk)
         truncated = batch.truncated if s.mask_truncated_completions else None
         # the step's totals over every micro-batch and rank: each loss normalises by them, so the
         # micro-batch losses sum to the step's loss (docs/losses.md, "the trainer contract")
