@@ -4,9 +4,11 @@
     python benchmarks/learner_phase.py --preset qwen05 --rows 64 --completion 256   # a GPU: the 0.5B shape
 
 "old" is the learner as it was before issue 13's training-phase work: the checkpointed head
-(``logprob_head="checkpoint"``), micro-batches in batch order, every completion column scored.
-"new" is the default: the fused linear + log-softmax head, rows of similar length batched
-together, only sampled tokens scored (``agentrl.learner.LearnSettings``). Both run the same
+(``logprob_head="checkpoint"``), micro-batches in batch order, every completion column scored,
+autocast's weight cache on. "new" is the default: the fused linear + log-softmax head, rows of
+similar length batched together, only sampled tokens scored, no autocast weight cache
+(``agentrl.learner.LearnSettings``). ``--variants`` also takes ``fused_only`` and
+``no_cache_only`` (one change each against "old"). Both run the same
 batch, model weights, loss (dapo), AdamW and micro-batch size; each variant runs in its own
 process so its peak memory is its own (CUDA: ``max_memory_allocated``; CPU: peak resident set
 minus the resident set before the first step). Time is the median over the steps after the first.
@@ -33,13 +35,17 @@ from typing import Any
 import torch
 
 PRESETS = {  # Qwen2 shapes; "small" keeps the 152k vocabulary (the head is the point) and a small decoder
+    "mid": dict(vocab_size=32768, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2),
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1),
     "small": dict(vocab_size=151936, hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
     "qwen05": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
 }
 VARIANTS = {
-    "old": dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False),
-    "new": dict(logprob_head="fused", sort_by_length=True, score_sampled_only=True),
+    "old": dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=True),
+    "new": dict(logprob_head="fused", sort_by_length=True, score_sampled_only=True, autocast_cache=False),
+    # one change at a time, for attributing a difference
+    "fused_only": dict(logprob_head="fused", sort_by_length=False, score_sampled_only=False, autocast_cache=True),
+    "no_cache_only": dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=False),
 }
 
 
@@ -112,7 +118,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     cfg = transformers.Qwen2Config(**PRESETS[args.preset], tie_word_embeddings=True)
     model = transformers.Qwen2ForCausalLM(cfg).float()
     if args.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from agentrl.train_setup import enable_gradient_checkpointing
+
+        enable_gradient_checkpointing(model)  # as the trainer does
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if args.bf16 else "no")
     model = model.to(accelerator.device).train()
     learner = build_learner(model, accelerator, args.micro, VARIANTS[args.worker], args.chunk, args.beta, args.lr)
@@ -181,7 +189,7 @@ def main() -> None:
     print("|---|---:|---|---:|---|---|---:|---:|")
     for r in results:
         print(f"| {r['variant']} | {r['step_s']:.3f} | {', '.join(f'{t:.2f}' for t in r['times'])} | {r['peak_gib']:.2f} | "
-              f"{', '.join(f'{x:.6f}' for x in r['losses'])} | {', '.join(f'{x:.5f}' for x in r['grad_norms'])} | "
+              f"{', '.join(f'{x:.6e}' for x in r['losses'])} | {', '.join(f'{x:.6e}' for x in r['grad_norms'])} | "
               f"{r0['step_s'] / r['step_s']:.2f}x | {r['peak_gib'] / r0['peak_gib']:.2f}x |")
 
 

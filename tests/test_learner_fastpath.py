@@ -23,8 +23,8 @@ from agentrl.reference import Reference
 from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
 
 V = 200
-OLD = dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False)
-NEW = dict(logprob_head="fused", sort_by_length=True, score_sampled_only=True)
+OLD = dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=True)
+NEW = dict(logprob_head="fused", sort_by_length=True, score_sampled_only=True, autocast_cache=False)
 
 
 def groups(seed: int = 0) -> list[TrajectoryGroup]:

@@ -16,6 +16,7 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from agentrl.logprobs import completion_logprobs, linear_logprobs, token_logprobs
+from agentrl.train_setup import enable_gradient_checkpointing
 
 V = 300
 
@@ -148,3 +149,21 @@ def test_completion_logprobs_only_scores_asked_positions():
         completion_logprobs(m, ids, starts, 7, only=only[:, :3])
     with pytest.raises(ValueError, match="head"):
         completion_logprobs(m, ids, starts, 7, head="triton")  # type: ignore[arg-type]
+
+
+def test_autocast_without_weight_cache_is_bit_identical():
+    """The learner turns autocast's weight cache off (the cached bf16 copies of every weight stay
+    alive until the forward ends); a cast is a cast, so log-probs and gradients are unchanged."""
+    ids = torch.randint(0, V, (2, 15), generator=torch.Generator().manual_seed(7))
+    out = []
+    for cache in (True, False):
+        m = model()
+        enable_gradient_checkpointing(m)  # as the trainer does
+        m.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache):
+            lp = completion_logprobs(m, ids, torch.tensor([4, 6]), 9)
+        lp.sum().backward()
+        out.append((lp.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    assert torch.equal(out[0][0], out[1][0])
+    for name, g in out[0][1].items():
+        assert torch.equal(out[1][1][name], g), name
