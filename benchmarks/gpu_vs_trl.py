@@ -283,13 +283,13 @@ def table(results: list[dict[str, Any]]) -> str:
     if mt:
         lines += [
             "",
-            "| multi-turn P x G | framework | step s | gen s | train s | episodes/s | tool calls/episode | reward | peak GiB | agentrl/TRL episodes/s | agentrl/TRL step |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| multi-turn P x G | framework | step s | gen s | train s | episodes/s | tool calls/episode | turns/episode | final answer | reward | peak GiB | agentrl/TRL episodes/s | agentrl/TRL step |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for row, pair in mt.items():
         for name, r in pair.items():
             if "error" in r:
-                lines.append(f"| {row[2:]} | {name} | failed: {r['error'][:80]} | | | | | | | | |")
+                lines.append(f"| {row[2:]} | {name} | failed: {r['error'][:80]} | | | | | | | | | | |")
                 continue
             eps = r["episodes"] / r["step_s"]
             gen_eps = r["episodes"] / r["gen_s"]
@@ -300,7 +300,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 step_ratio = _times(other, r)
             lines.append(
                 f"| {row[2:]} | {_label(name, r)} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {eps:.1f} ({gen_eps:.1f} in rollout) | "
-                f"{r['tool_calls_per_episode']:.2f} | {r['reward']:.3f} | {r['peak_gib']:.2f} | {ratio} | {step_ratio} |"
+                f"{r['tool_calls_per_episode']:.2f} | {r.get('turns_mean', float('nan')):.2f} | {r.get('final_answer_rate', float('nan')):.0%} | "
+                f"{r['reward']:.3f} | {r['peak_gib']:.2f} | {ratio} | {step_ratio} |"
             )
     return "\n".join(lines)
 

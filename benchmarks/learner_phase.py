@@ -11,7 +11,9 @@ similar length batched together, only sampled tokens scored, no autocast weight 
 ``no_cache_only`` (one change each against "old"). Both run the same
 batch, model weights, loss (dapo), AdamW and micro-batch size; each variant runs in its own
 process so its peak memory is its own (CUDA: ``max_memory_allocated``; CPU: peak resident set
-minus the resident set before the first step). Time is the median over the steps after the first.
+minus the resident set before the first step). Time is the median over the steps after the first; with ``--rounds`` the
+variants' processes alternate and the median over rounds is reported (the machine may be shared).
+Loss and gradient norm per step are those of the first round.
 The batch is synthetic: P groups x G episodes, prompts of varied length, and for ``--shape
 multi`` several assistant turns separated by tool results (loss mask 0), as the calculator's
 episodes are. The loss and gradient norm of each step are printed for both, so the two paths can
@@ -162,6 +164,7 @@ def main() -> None:
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="stay on the CPU even with CUDA present")
     ap.add_argument("--variants", default="old,new")
+    ap.add_argument("--rounds", type=int, default=1, help="processes per variant, alternating; the median is reported")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--worker", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -170,25 +173,34 @@ def main() -> None:
     if args.worker:
         print("RESULT " + json.dumps(worker(args)), flush=True)
         return
+    names = args.variants.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for _ in range(args.rounds):  # variants alternate, so a load change on a shared machine hits them alike
+        for name in names:
+            proc = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--worker", name], capture_output=True, text=True)
+            found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+            if not found:
+                print(proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"{name}: no result")
+            runs[name].append(json.loads(found[-1][7:]))
     results = []
-    passthrough = [a for a in sys.argv[1:] if not a.startswith("--variants")]
-    for name in args.variants.split(","):
-        proc = subprocess.run([sys.executable, __file__, *passthrough, "--worker", name], capture_output=True, text=True)
-        found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if not found:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"{name}: no result")
-        results.append(json.loads(found[-1][7:]))
+    for name in names:
+        r = dict(runs[name][0])
+        r["round_s"] = [x["step_s"] for x in runs[name]]
+        r["step_s"] = statistics.median(r["round_s"])
+        r["peak_gib"] = statistics.median(x["peak_gib"] for x in runs[name])
+        results.append(r)
     dev = torch.cuda.get_device_name() if torch.cuda.is_available() and not args.cpu else f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     r0 = results[0]
     print(f"\n{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {dev}; torch {torch.__version__}; load average {os.getloadavg()[0]:.2f}")
     print(f"model: {args.preset} ({r0['params_m']:.1f}M parameters), batch {r0['rows']} rows x {r0['width']} columns, "
           f"{r0['sampled_tokens']} sampled tokens, shape {args.shape}, micro-batch {args.micro}, chunk {args.chunk}, "
-          f"{'bf16 autocast' if args.bf16 else 'fp32'}, beta {args.beta}, steps {args.steps}")
-    print("| path | train phase s (median) | steps s | peak GiB | loss per step | grad norm per step | speed vs old | memory vs old |")
+          f"{'bf16 autocast' if args.bf16 else 'fp32'}{', gradient checkpointing' if args.gradient_checkpointing else ''}, beta {args.beta}, "
+          f"{args.steps} steps per process (median of steps 2+), {args.rounds} process(es) per variant, torch threads {args.threads or torch.get_num_threads()}")
+    print("| path | train phase s (median) | per round s | peak GiB | loss per step | grad norm per step | speed vs old | memory vs old |")
     print("|---|---:|---|---:|---|---|---:|---:|")
     for r in results:
-        print(f"| {r['variant']} | {r['step_s']:.3f} | {', '.join(f'{t:.2f}' for t in r['times'])} | {r['peak_gib']:.2f} | "
+        print(f"| {r['variant']} | {r['step_s']:.3f} | {', '.join(f'{t:.2f}' for t in r['round_s'])} | {r['peak_gib']:.2f} | "
               f"{', '.join(f'{x:.6e}' for x in r['losses'])} | {', '.join(f'{x:.6e}' for x in r['grad_norms'])} | "
               f"{r0['step_s'] / r['step_s']:.2f}x | {r['peak_gib'] / r0['peak_gib']:.2f}x |")
 
