@@ -116,14 +116,11 @@ def sft(model_dir: str, out_dir: str, seconds: float, batch: int = 32 if torch.c
     return {"sft_steps": step, "sft_s": time.perf_counter() - start, "sft_loss_last10": statistics.mean(losses[-10:])}
 
 
-def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
-
-    args = [
+def agentrl_args(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> list[str]:
+    """agentrl's settings for the multi-turn rows (and learning_race.py), as CLI keys."""
+    return [
         f"model.path={model}", "env=calculator", f"env_args={{\"difficulty\": {DIFFICULTY}}}", f"max_steps={steps}",
-        f"prompts_per_step={P}", f"num_generations={G}", "micro_batch_size=16", "learning_rate=1e-6",
+        f"prompts_per_step={P}", f"num_generations={G}", "micro_batch_size=16", f"learning_rate={lr}",
         "adam_betas=[0.9,0.99]", "weight_decay=0", "max_grad_norm=1.0", "loss.loss_type=dapo", "loss.beta=0",
         "sampling.temperature=1.0", f"rollout.max_tokens_per_turn={MAX_COMPLETION}",
         f"rollout.max_completion_tokens={MAX_COMPLETION}", "rollout.max_context=1536", "rollout.max_turns=6",
@@ -131,6 +128,14 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         "logprob_chunk_size=256",
         *(["precision=bf16", "gradient_checkpointing=true"] if torch.cuda.is_available() else ["precision=fp32"]),  # decoder: defaults
     ]
+
+
+def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
+    from agentrl.config import build, parse_overrides
+    from agentrl.train_config import TrainConfig
+    from agentrl.trainer import Trainer
+
+    args = agentrl_args(model, P, G, steps)
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # e.g. optimizer_offload=true
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -158,31 +163,30 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     }
 
 
-def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
+def trl_setup(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> tuple[Any, Any, Any, dict[str, list[float]]]:
+    """TRL's side of the multi-turn rows: (GRPOConfig, dataset, reward function, per-episode stats it fills)."""
     import anyio
     from datasets import Dataset
-    from gpu_vs_trl import train_trl_timed
     from trl import GRPOConfig
 
     from agentrl.environments.calculator import correct
 
     env = make_env()
+    train = env.dataset("train")
     rows = []
-    for task in env.dataset("train").select(range(P * steps)):
+    for task in train.select(range(min(P * steps, len(train)))):  # TRL cycles through it for longer runs
         messages, _ = anyio.run(env.reset, dict(task), 0)
         rows.append({"prompt": messages, "answer": task["answer"]})
-    calls: list[float] = []
-    turns: list[float] = []
-    answered: list[float] = []
+    stats: dict[str, list[float]] = {"calls": [], "turns": [], "answered": []}
 
     def reward(completions: list, answer: list, **_: Any) -> list[float]:
         out = []
         for messages, target in zip(completions, answer):
-            calls.append(sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant"))
-            turns.append(sum(m.get("role") == "assistant" for m in messages))
+            stats["calls"].append(sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant"))
+            stats["turns"].append(sum(m.get("role") == "assistant" for m in messages))
             last = messages[-1] if messages else {}
             # an episode that ended on an assistant message without a tool call: it gave its answer
-            answered.append(float(last.get("role") == "assistant" and not last.get("tool_calls")))
+            stats["answered"].append(float(last.get("role") == "assistant" and not last.get("tool_calls")))
             final = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
             out.append(correct(final, target))
         return out
@@ -190,17 +194,31 @@ def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-mt-"), per_device_train_batch_size=16,
         gradient_accumulation_steps=P * G // 16, num_generations=G, max_completion_length=MAX_COMPLETION,
-        max_tool_calling_iterations=6, temperature=1.0, learning_rate=1e-6, loss_type="dapo", beta=0.0,
+        max_tool_calling_iterations=6, temperature=1.0, learning_rate=lr, loss_type="dapo", beta=0.0,
         num_iterations=1, bf16=torch.cuda.is_available(), use_cpu=not torch.cuda.is_available(),
         gradient_checkpointing=torch.cuda.is_available(), max_steps=steps, logging_steps=1, report_to="none",
         save_strategy="no", seed=0, lr_scheduler_type="constant", max_grad_norm=1.0, adam_beta2=0.99, weight_decay=0.0,
         optim="adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch", dataloader_num_workers=0, shuffle_dataset=False,
     )
+    return config, Dataset.from_list(rows), reward, stats
+
+
+def trl_trainer(model: str, P: int, G: int, steps: int, lr: float = 1e-6, callbacks: list[Any] | None = None, cls: Any = None) -> Any:
+    """A GRPOTrainer with the multi-turn rows' settings and the calculator tool."""
+    from trl import GRPOTrainer
+
+    config, data, reward, _ = trl_setup(model, P, G, steps, lr)
+    return (cls or GRPOTrainer)(model=model, reward_funcs=[reward], args=config, train_dataset=data, tools=[calculator], callbacks=callbacks)
+
+
+def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
+    from gpu_vs_trl import train_trl_timed
+
+    config, data, reward, stats = trl_setup(model, P, G, steps)
     trainer, step, gen, _total = train_trl_timed(
-        lambda cls, callbacks: cls(
-            model=model, reward_funcs=[reward], args=config, train_dataset=Dataset.from_list(rows), tools=[calculator], callbacks=callbacks
-        )
+        lambda cls, callbacks: cls(model=model, reward_funcs=[reward], args=config, train_dataset=data, tools=[calculator], callbacks=callbacks)
     )
+    calls, turns, answered = stats["calls"], stats["turns"], stats["answered"]
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     return {
