@@ -9,11 +9,11 @@ Two heads compute the same numbers:
   function for linear + log-softmax + gather. Forward keeps only each position's log-partition
   (an online log-sum-exp over vocabulary tiles); backward recomputes each tile and turns it into
   the logits' gradient in place (``softmax - onehot``), then accumulates the hidden-state and
-  weight gradients in float32. Tiles are ``tile_rows`` positions x as many vocabulary columns as
-  ``chunk_size`` positions of the full vocabulary would hold, so the float32 working set equals
-  the checkpointed head's, while the [V, H] weight gradient is accumulated once per ``tile_rows``
-  positions instead of once per ``chunk_size`` (at 152k x 896 that accumulation was ~1 GB of
-  memory traffic per chunk).
+  weight gradients in float32. A tile holds as many elements as ``chunk_size`` positions of the
+  full vocabulary (``tile_shape``), so the float32 working set equals the checkpointed head's,
+  but with a large vocabulary it spans up to 4096 positions, so the [V, H] weight gradient is
+  accumulated once per 4096 positions instead of once per ``chunk_size`` (at 152k x 896 each
+  accumulation is ~1 GB of memory traffic).
 - ``head="checkpoint"``: the head module runs on chunks of ``chunk_size`` positions under
   activation checkpointing (backward recomputes the chunk's logits). Used for heads that are not a
   plain linear layer (a PEFT adapter on ``lm_head``), and kept as the reference the fused head is
@@ -31,7 +31,8 @@ from torch.utils.checkpoint import checkpoint
 
 
 Head = Literal["fused", "checkpoint"]
-TILE_ROWS = 4096  # positions per tile of the fused head (its vocabulary width follows from chunk_size)
+TILE_ROWS = 4096  # most positions per tile of the fused head (see tile_shape)
+MIN_TILE_COLS = 8192  # fewest vocabulary columns per tile, unless the vocabulary is smaller
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -196,13 +197,21 @@ def _head_logprobs(
     module = model.get_output_embeddings()
     softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
     if head == "fused" and type(module) is torch.nn.Linear:  # a PEFT-wrapped head has its own forward
-        vocab = module.weight.shape[0]
-        tile_cols = max(1, min(vocab, chunk_size * vocab // TILE_ROWS))
+        rows, cols = tile_shape(chunk_size, module.weight.shape[0])
         return linear_logprobs(
             hidden, module.weight, targets, bias=module.bias, temperature=temperature, softcap=softcap,
-            tile_rows=TILE_ROWS, tile_cols=tile_cols, return_entropy=want_entropy, grad_into_leaf=grad_into_leaf,
+            tile_rows=rows, tile_cols=cols, return_entropy=want_entropy, grad_into_leaf=grad_into_leaf,
         )
     return _chunked_head(module, hidden, targets, temperature, softcap, chunk_size, want_entropy)
+
+
+def tile_shape(chunk_size: int, vocab: int) -> tuple[int, int]:
+    """The fused head's tile for the memory of a ``chunk_size x vocab`` chunk: up to ``TILE_ROWS``
+    positions by at least ``MIN_TILE_COLS`` vocabulary columns (the whole vocabulary when it is
+    small, so a small-vocabulary model runs few, wide tiles rather than many narrow ones)."""
+    budget = chunk_size * vocab
+    cols = min(vocab, max(MIN_TILE_COLS, budget // TILE_ROWS))
+    return max(1, budget // cols), cols
 
 
 def _chunked_head(

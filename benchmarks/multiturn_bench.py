@@ -151,6 +151,7 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     gen = statistics.median(r["rollout/elapsed_s"] for r in later)
     return {
         "step_s": step, "gen_s": gen, "train_s": step - gen, "episodes": P * G,
+        "learn_s": statistics.median(r["perf/train_s"] for r in later),  # the learner: forward, backward, optimizer
         "sampled_tokens": statistics.median(r["rollout/tokens/sampled"] for r in later),
         "turns_mean": statistics.mean(r["rollout/turns/mean"] for r in later),
         "tool_calls_per_episode": statistics.mean(r["rollout/tools/calls"] for r in later) / (P * G),
@@ -223,6 +224,7 @@ def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     return {
         "step_s": step, "gen_s": gen, "train_s": step - gen, "episodes": P * G,
+        "learn_s": statistics.median(trainer.learn_times[1:] or trainer.learn_times),
         "sampled_tokens": (statistics.mean(lengths) if lengths else float("nan")) * P * G,
         "tool_calls_per_episode": statistics.mean(calls) if calls else 0.0,
         "turns_mean": statistics.mean(turns) if turns else float("nan"),
