@@ -105,7 +105,7 @@ class Learner:
         only = batch.loss_mask[idx, :keep] > 0 if s.score_sampled_only else None
         with self.accelerator.autocast(self._autocast):
             out = completion_logprobs(
-                model, ids, batch.starts[idx].to(dev), keep, temperature=s.temperature, chunk_size=s.logprob_chunk_size,
+                model, ids, batch.starts[idx], keep, temperature=s.temperature, chunk_size=s.logprob_chunk_size,
                 return_entropy=entropy, only=only, head=s.logprob_head,  # type: ignore[arg-type]
                 grad_into_leaf=torch.is_grad_enabled(),  # the learner only ever calls .backward()
             )

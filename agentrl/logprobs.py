@@ -144,9 +144,10 @@ def completion_logprobs(
     """
     _check(temperature, chunk_size, head)
     B, L = input_ids.shape
-    starts = starts.to(device=input_ids.device, dtype=torch.long)
+    # checked where the caller keeps them (the learner: on the host, so no device sync per micro-batch)
     if starts.shape != (B,) or bool((starts < 1).any()) or bool((starts >= L).any()):
         raise ValueError(f"starts must be [B]={B} with 1 <= start < {L}, got {starts.tolist()}")
+    starts = starts.to(device=input_ids.device, dtype=torch.long, non_blocking=True)
     if only is not None and only.shape != (B, width):
         raise ValueError(f"only must be [B, width]={(B, width)}, got {tuple(only.shape)}")
     decoder, _ = _parts(model)
