@@ -311,16 +311,18 @@ class _LinearLogprob(torch.autograd.Function):
             for c0 in range(0, V, tile_cols):
                 c1 = min(V, c0 + tile_cols)
                 y, _ = _tile_logits(h, w[c0:c1], None if b is None else b[c0:c1], temperature, softcap)
-                new_max = torch.maximum(run_max, y.amax(dim=1))
-                rescale = torch.exp(run_max - new_max)
-                e = torch.exp(y - new_max[:, None])
-                sum_exp = sum_exp * rescale + e.sum(dim=1)
-                if want_entropy:  # sum of e * y per row without an extra tile: a batched dot product
-                    sum_exp_y = sum_exp_y * rescale + torch.bmm(e[:, None, :], y[:, :, None]).view(-1)
-                run_max = new_max
                 inside = (t >= c0) & (t < c1)
                 got = y.gather(1, (t - c0).clamp(0, c1 - c0 - 1)[:, None]).squeeze(1)
                 picked = torch.where(inside, got, picked)
+                new_max = torch.maximum(run_max, y.amax(dim=1))
+                rescale = torch.exp(run_max - new_max)
+                if want_entropy:  # sum of e * y per row without an extra tile: a batched dot product
+                    e = (y - new_max[:, None]).exp_()
+                    sum_exp_y = sum_exp_y * rescale + torch.bmm(e[:, None, :], y[:, :, None]).view(-1)
+                else:  # y is not needed again: exponentiate in place
+                    e = y.sub_(new_max[:, None]).exp_()
+                sum_exp = sum_exp * rescale + e.sum(dim=1)
+                run_max = new_max
                 del y, e
             lz = run_max + torch.log(sum_exp)
             log_z[r0:r1] = lz
