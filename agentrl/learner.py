@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from accelerate.utils import AutocastKwargs
 
 from agentrl.batch import Batch
 from agentrl.distributed import average_gradients, learner_rows, mean_over_ranks
@@ -38,6 +39,12 @@ class LearnSettings:
     ref_mix_alpha: float | None
     ref_mix_every: int
     max_completion_tokens: int | None = None  # the constant of dr_grpo's constant-length sum
+    # the training-phase fast path (docs/performance.md, "Training phase"); off = the earlier path,
+    # kept so benchmarks/learner_phase.py can time both and the tests can compare them
+    logprob_head: str = "fused"  # "fused" linear + log-softmax autograd function, or "checkpoint" (chunked head module)
+    sort_by_length: bool = True  # micro-batches of rows of similar length: less padding in each
+    score_sampled_only: bool = True  # the output head only at sampled tokens (not tool results or padding)
+    autocast_cache: bool = False  # keep autocast's bf16 weight copies for the whole forward (torch's default)
 
 
 class Learner:
@@ -55,6 +62,11 @@ class Learner:
         self.sharded = isinstance(policy, ShardedPolicy)
         if self.sharded:
             self.model = policy
+        # autocast keeps the bf16 copy of every weight it casts until the forward ends: with
+        # gradient checkpointing that is the whole decoder (0.67 GiB at 0.5B) alive at the end of
+        # each micro-batch's forward, the moment of the step's peak. Each weight is used once per
+        # forward (the fused head casts its own), so without the cache nothing is cast twice.
+        self._autocast = AutocastKwargs(cache_enabled=settings.autocast_cache)
 
     def learn(self, batch: Batch, step: int) -> Iterator[dict[str, Any]]:
         """Yield one metrics dict per optimizer step taken on ``batch`` (``step``: steps taken before)."""
@@ -79,14 +91,30 @@ class Learner:
                 step += 1
                 yield self._optimizer_step(batch, chunk, old, ref, step)
 
+    def _micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """``rows`` in micro-batches; longest rows first and together when ``sort_by_length``.
+
+        Each micro-batch is padded to its longest row, so mixing a 900-token multi-turn row with
+        200-token ones pays for 900 x micro_batch_size. The split does not change the step's loss:
+        every micro-batch loss is normalised by the step's totals and they are summed.
+        """
+        if self.settings.sort_by_length and len(rows) > 1:
+            order = torch.sort(batch.lengths[rows], descending=True, stable=True).indices
+            rows = rows[order]
+        return list(rows.split(self.settings.micro_batch_size))
+
     def _logprobs(self, model: Any, batch: Batch, idx: torch.Tensor, entropy: bool = False) -> tuple[Any, int]:
-        dev = self.accelerator.device
+        s, dev = self.settings, self.accelerator.device
         width = int(batch.lengths[idx].max())  # trim the padding every row of this micro-batch has
         keep = int((batch.lengths[idx] - batch.starts[idx]).max())
         ids = batch.input_ids[idx, :width].to(dev)
-        fn = model if isinstance(model, ShardedPolicy) else lambda *a, **k: completion_logprobs(model, *a, **k)
-        with self.accelerator.autocast():
-            out = fn(ids, batch.starts[idx].to(dev), keep, temperature=self.settings.temperature, chunk_size=self.settings.logprob_chunk_size, return_entropy=entropy)
+        only = batch.loss_mask[idx, :keep] > 0 if s.score_sampled_only else None
+        kwargs = dict(temperature=s.temperature, chunk_size=s.logprob_chunk_size, return_entropy=entropy, only=only, head=s.logprob_head)
+        with self.accelerator.autocast(self._autocast):
+            if self.sharded:  # FSDP2 reduce-scatters the leaves' gradients: nothing is written into them directly
+                out = model(ids, batch.starts[idx].to(dev), keep, **kwargs)
+            else:  # the learner only ever calls .backward(), so the head may write its weight gradient itself
+                out = completion_logprobs(model, ids, batch.starts[idx], keep, grad_into_leaf=torch.is_grad_enabled(), **kwargs)  # type: ignore[arg-type]
         return out, keep
 
     def _lockstep(self, micro: list[torch.Tensor]) -> list[tuple[torch.Tensor, bool]]:
@@ -103,7 +131,7 @@ class Learner:
         B, C = batch.loss_mask.shape
         out = torch.zeros((B, C))
         with torch.no_grad():
-            for idx, real in self._lockstep(list(rows.split(self.settings.micro_batch_size))):
+            for idx, real in self._lockstep(self._micro_batches(batch, rows)):
                 lp, keep = self._logprobs(model, batch, idx)
                 if real:
                     out[idx, :keep] = lp.float().cpu()
@@ -112,7 +140,7 @@ class Learner:
     def _optimizer_step(self, batch: Batch, chunk: torch.Tensor, old: Any, ref: Any, step: int) -> dict[str, Any]:
         s, dev = self.settings, self.accelerator.device
         t0 = time.perf_counter()
-        micro = chunk.split(s.micro_batch_size)
+        micro = self._micro_batches(batch, chunk)
         truncated = batch.truncated if s.mask_truncated_completions else None
         # the step's totals over every micro-batch and rank: each loss normalises by them, so the
         # micro-batch losses sum to the step's loss (docs/losses.md, "the trainer contract")

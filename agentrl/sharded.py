@@ -60,10 +60,11 @@ class ShardedPolicy(torch.nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, starts: torch.Tensor, width: int, *, temperature: float = 1.0, chunk_size: int = 1024,
-        return_entropy: bool = False,
+        return_entropy: bool = False, only: torch.Tensor | None = None, head: str = "fused",
     ) -> Any:
         return completion_logprobs(
-            self.model, input_ids, starts, width, temperature=temperature, chunk_size=chunk_size, return_entropy=return_entropy
+            self.model, input_ids, starts, width, temperature=temperature, chunk_size=chunk_size,
+            return_entropy=return_entropy, only=only, head=head,  # type: ignore[arg-type]
         )
 
     @property

@@ -15,6 +15,14 @@ no weight decay, grad-norm clip 1, bf16 autocast over fp32 master weights, gradi
 micro-batches of 16 sequences. Each (framework, row) runs in its own process, so peak memory is
 that run's alone. Step time is the median over the steps after the first (warm-up). Reward: the
 share of digits in the completion (random weights: it only has to vary within groups).
+
+Columns: "gen s" is generation alone; "train s" is the step minus generation (scoring, batch
+building, weight sync and the learning itself); "learner s" is the learning alone, the same work on
+both sides: the micro-batches' forward and backward, clipping and the optimizer step (agentrl:
+``perf/train_s`` of its learner; TRL: ``training_step`` without ``_prepare_inputs``, where it
+generates and scores, plus the optimizer step). "peak GiB" is the run's peak CUDA memory
+allocated (on CPU the peak resident set); agentrl's rollout and training peaks are printed below
+the table.
 """
 
 from __future__ import annotations
@@ -141,6 +149,7 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     return {
         **phases,
         "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled,
+        "learn_s": statistics.median(r["perf/train_s"] for r in later),  # the learner: forward, backward, optimizer
         "total_s": total, "steps": len(rows), "static_decode": None if stats is None else stats.stats,
         "peak_gib": max([_peak(), *phases.values()]),
         "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
@@ -153,17 +162,31 @@ def train_trl_timed(build: Callable[[type, list], Any]) -> tuple[Any, float, flo
 
     Returns (trainer, step s, generation s, total s); step and generation times are medians over
     the steps after the first (warm-up). Generation is TRL's ``_generate`` alone, not scoring.
+    The trainer also gets ``learn_times``: per optimizer step, the seconds of its micro-batches'
+    ``training_step`` without ``_prepare_inputs`` (where TRL generates and scores) plus the
+    optimizer step: the same work as agentrl's learner (``perf/train_s``).
     """
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
     ends: list[float] = []
     gen_times: list[float] = []
+    learn: dict[str, Any] = {"current": 0.0, "steps": [], "opt_start": 0.0}
 
     class Clock(TrainerCallback):
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            _sync()
+            learn["opt_start"] = time.perf_counter()
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            _sync()
+            learn["current"] += time.perf_counter() - learn["opt_start"]
+
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             _sync()
             ends.append(time.perf_counter())
+            learn["steps"].append(learn["current"])
+            learn["current"] = 0.0
 
     class Timed(GRPOTrainer):
         def _generate(self, *a: Any, **kw: Any) -> Any:
@@ -172,6 +195,22 @@ def train_trl_timed(build: Callable[[type, list], Any]) -> tuple[Any, float, flo
             out = super()._generate(*a, **kw)
             _sync()
             gen_times.append(time.perf_counter() - t)
+            return out
+
+        def _prepare_inputs(self, *a: Any, **kw: Any) -> Any:
+            _sync()
+            t = time.perf_counter()
+            out = super()._prepare_inputs(*a, **kw)
+            _sync()
+            learn["current"] -= time.perf_counter() - t
+            return out
+
+        def training_step(self, *a: Any, **kw: Any) -> Any:
+            _sync()
+            t = time.perf_counter()
+            out = super().training_step(*a, **kw)
+            _sync()
+            learn["current"] += time.perf_counter() - t
             return out
 
     if torch.cuda.is_available():
@@ -185,6 +224,7 @@ def train_trl_timed(build: Callable[[type, list], Any]) -> tuple[Any, float, flo
     durations = [b - a for a, b in zip(marks, marks[1:])]
     step = statistics.median(durations[1:] or durations)
     gen = statistics.median(gen_times[1:] or gen_times)
+    trainer.learn_times = learn["steps"]
     return trainer, step, gen, total
 
 
@@ -214,6 +254,7 @@ def run_trl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[s
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     return {
         "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": (lengths[-1] if lengths else N) * P * G,
+        "learn_s": statistics.median(trainer.learn_times[1:] or trainer.learn_times),
         "peak_gib": _peak(), "total_s": total, "steps": trainer.state.global_step,
     }
 
@@ -257,8 +298,8 @@ def _times(other: dict[str, Any], r: dict[str, Any]) -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| P x G x N | framework | step s | gen s | train s | generated tok/s (over the step) | trained tok/s (train phase) | peak GiB | agentrl/TRL speed | agentrl/TRL memory |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| P x G x N | framework | step s | gen s | train s | learner s | generated tok/s (over the step) | trained tok/s (train phase) | peak GiB | agentrl/TRL speed | TRL/agentrl learner s | agentrl/TRL memory |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_row: dict[str, dict[str, dict[str, Any]]] = {}
     for r in results:
@@ -268,28 +309,36 @@ def table(results: list[dict[str, Any]]) -> str:
     for row, pair in by_row.items():
         for name, r in pair.items():
             if "error" in r:
-                lines.append(f"| {row} | {name} | failed: {r['error'][:80]} | | | | | | | |")
+                lines.append(f"| {row} | {name} | failed: {r['error'][:80]} | | | | | | | | | |")
                 continue
             tok = r["sampled_tokens"]
-            speed = mem = ""
+            speed = mem = learn = ""
             other = pair.get("trl")
             if name != "trl" and other and "error" not in other:
                 speed = _times(other, r)
                 mem = f"{r['peak_gib'] / other['peak_gib']:.2f}x"
+                if r.get("learn_s") and other.get("learn_s"):
+                    learn = f"{other['learn_s'] / r['learn_s']:.2f}x"
             lines.append(
-                f"| {row} | {_label(name, r)} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {tok / r['step_s']:,.0f} | "
-                f"{tok / max(r['train_s'], 1e-9):,.0f} | {r['peak_gib']:.2f} | {speed} | {mem} |"
+                f"| {row} | {_label(name, r)} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {r.get('learn_s', float('nan')):.2f} | "
+                f"{tok / r['step_s']:,.0f} | {tok / max(r['train_s'], 1e-9):,.0f} | {r['peak_gib']:.2f} | {speed} | {learn} | {mem} |"
             )
+    peaks = [
+        f"{row} {name}: {r['perf/peak_gib_rollout']:.2f} / {r['perf/peak_gib_train']:.2f}"
+        for row, pair in by_row.items() for name, r in pair.items() if "perf/peak_gib_train" in r
+    ]
+    if peaks:
+        lines += ["", "agentrl peak GiB by phase (rollout / training): " + "; ".join(peaks)]
     if mt:
         lines += [
             "",
-            "| multi-turn P x G | framework | step s | gen s | train s | episodes/s | tool calls/episode | reward | peak GiB | agentrl/TRL episodes/s | agentrl/TRL step |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| multi-turn P x G | framework | step s | gen s | train s | learner s | episodes/s | tool calls/episode | turns/episode | final answer | reward | peak GiB | agentrl/TRL episodes/s | agentrl/TRL step |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for row, pair in mt.items():
         for name, r in pair.items():
             if "error" in r:
-                lines.append(f"| {row[2:]} | {name} | failed: {r['error'][:80]} | | | | | | | | |")
+                lines.append(f"| {row[2:]} | {name} | failed: {r['error'][:80]} | | | | | | | | | | | |")
                 continue
             eps = r["episodes"] / r["step_s"]
             gen_eps = r["episodes"] / r["gen_s"]
@@ -299,8 +348,10 @@ def table(results: list[dict[str, Any]]) -> str:
                 ratio = f"{gen_eps / (other['episodes'] / other['gen_s']):.2f}x (rollout), {eps / (other['episodes'] / other['step_s']):.2f}x (step)"
                 step_ratio = _times(other, r)
             lines.append(
-                f"| {row[2:]} | {_label(name, r)} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {eps:.1f} ({gen_eps:.1f} in rollout) | "
-                f"{r['tool_calls_per_episode']:.2f} | {r['reward']:.3f} | {r['peak_gib']:.2f} | {ratio} | {step_ratio} |"
+                f"| {row[2:]} | {_label(name, r)} | {r['step_s']:.2f} | {r['gen_s']:.2f} | {r['train_s']:.2f} | {r.get('learn_s', float('nan')):.2f} | "
+                f"{eps:.1f} ({gen_eps:.1f} in rollout) | "
+                f"{r['tool_calls_per_episode']:.2f} | {r.get('turns_mean', float('nan')):.2f} | {r.get('final_answer_rate', float('nan')):.0%} | "
+                f"{r['reward']:.3f} | {r['peak_gib']:.2f} | {ratio} | {step_ratio} |"
             )
     return "\n".join(lines)
 

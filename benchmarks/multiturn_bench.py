@@ -28,7 +28,11 @@ DIFFICULTY = [2, 3]  # two or three calculator calls, then the answer: 3-4 assis
 MAX_COMPLETION = 256
 
 
-def calculator(expression: str) -> str:
+def calculator(expression: str):  # type: ignore[no-untyped-def]
+    # No return annotation on purpose: transformers' get_json_schema adds it to the schema as
+    # "return": {"type": "string"}, which the environment's schema (the one sft() trains on) lacks,
+    # so TRL's model saw a system prompt 9 tokens different from every SFT transcript
+    # (`python benchmarks/multiturn_bench.py --trl-oracle` compares the tokens).
     """Evaluate an arithmetic expression.
 
     Args:
@@ -112,14 +116,11 @@ def sft(model_dir: str, out_dir: str, seconds: float, batch: int = 32 if torch.c
     return {"sft_steps": step, "sft_s": time.perf_counter() - start, "sft_loss_last10": statistics.mean(losses[-10:])}
 
 
-def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
-
-    args = [
+def agentrl_args(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> list[str]:
+    """agentrl's settings for the multi-turn rows (and learning_race.py), as CLI keys."""
+    return [
         f"model.path={model}", "env=calculator", f"env_args={{\"difficulty\": {DIFFICULTY}}}", f"max_steps={steps}",
-        f"prompts_per_step={P}", f"num_generations={G}", "micro_batch_size=16", "learning_rate=1e-6",
+        f"prompts_per_step={P}", f"num_generations={G}", "micro_batch_size=16", f"learning_rate={lr}",
         "adam_betas=[0.9,0.99]", "weight_decay=0", "max_grad_norm=1.0", "loss.loss_type=dapo", "loss.beta=0",
         "sampling.temperature=1.0", f"rollout.max_tokens_per_turn={MAX_COMPLETION}",
         f"rollout.max_completion_tokens={MAX_COMPLETION}", "rollout.max_context=1536", "rollout.max_turns=6",
@@ -127,6 +128,14 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         "logprob_chunk_size=256",
         *(["precision=bf16", "gradient_checkpointing=true"] if torch.cuda.is_available() else ["precision=fp32"]),  # decoder: defaults
     ]
+
+
+def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
+    from agentrl.config import build, parse_overrides
+    from agentrl.train_config import TrainConfig
+    from agentrl.trainer import Trainer
+
+    args = agentrl_args(model, P, G, steps)
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # e.g. optimizer_offload=true
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -142,10 +151,12 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     gen = statistics.median(r["rollout/elapsed_s"] for r in later)
     return {
         "step_s": step, "gen_s": gen, "train_s": step - gen, "episodes": P * G,
+        "learn_s": statistics.median(r["perf/train_s"] for r in later),  # the learner: forward, backward, optimizer
         "sampled_tokens": statistics.median(r["rollout/tokens/sampled"] for r in later),
         "turns_mean": statistics.mean(r["rollout/turns/mean"] for r in later),
         "tool_calls_per_episode": statistics.mean(r["rollout/tools/calls"] for r in later) / (P * G),
         "well_formed": statistics.mean(r["rollout/tools/well_formed_rate"] for r in later),
+        "final_answer_rate": 1 - statistics.mean(r["rollout/truncated_rate"] for r in later),  # not cut by a limit: it answered
         "reward": statistics.mean(r["reward/mean"] for r in later),
         "peak_gib": max(max(r.get("perf/peak_gib_train", 0), r.get("perf/peak_gib_rollout", 0)) for r in rows),
         "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
@@ -153,25 +164,30 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     }
 
 
-def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
+def trl_setup(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> tuple[Any, Any, Any, dict[str, list[float]]]:
+    """TRL's side of the multi-turn rows: (GRPOConfig, dataset, reward function, per-episode stats it fills)."""
     import anyio
     from datasets import Dataset
-    from gpu_vs_trl import train_trl_timed
     from trl import GRPOConfig
 
     from agentrl.environments.calculator import correct
 
     env = make_env()
+    train = env.dataset("train")
     rows = []
-    for task in env.dataset("train").select(range(P * steps)):
+    for task in train.select(range(min(P * steps, len(train)))):  # TRL cycles through it for longer runs
         messages, _ = anyio.run(env.reset, dict(task), 0)
         rows.append({"prompt": messages, "answer": task["answer"]})
-    calls: list[float] = []
+    stats: dict[str, list[float]] = {"calls": [], "turns": [], "answered": []}
 
     def reward(completions: list, answer: list, **_: Any) -> list[float]:
         out = []
         for messages, target in zip(completions, answer):
-            calls.append(sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant"))
+            stats["calls"].append(sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant"))
+            stats["turns"].append(sum(m.get("role") == "assistant" for m in messages))
+            last = messages[-1] if messages else {}
+            # an episode that ended on an assistant message without a tool call: it gave its answer
+            stats["answered"].append(float(last.get("role") == "assistant" and not last.get("tool_calls")))
             final = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
             out.append(correct(final, target))
         return out
@@ -179,23 +195,144 @@ def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-mt-"), per_device_train_batch_size=16,
         gradient_accumulation_steps=P * G // 16, num_generations=G, max_completion_length=MAX_COMPLETION,
-        max_tool_calling_iterations=6, temperature=1.0, learning_rate=1e-6, loss_type="dapo", beta=0.0,
+        max_tool_calling_iterations=6, temperature=1.0, learning_rate=lr, loss_type="dapo", beta=0.0,
         num_iterations=1, bf16=torch.cuda.is_available(), use_cpu=not torch.cuda.is_available(),
         gradient_checkpointing=torch.cuda.is_available(), max_steps=steps, logging_steps=1, report_to="none",
         save_strategy="no", seed=0, lr_scheduler_type="constant", max_grad_norm=1.0, adam_beta2=0.99, weight_decay=0.0,
         optim="adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch", dataloader_num_workers=0, shuffle_dataset=False,
     )
+    return config, Dataset.from_list(rows), reward, stats
+
+
+def trl_trainer(model: str, P: int, G: int, steps: int, lr: float = 1e-6, callbacks: list[Any] | None = None, cls: Any = None) -> Any:
+    """A GRPOTrainer with the multi-turn rows' settings and the calculator tool."""
+    from trl import GRPOTrainer
+
+    config, data, reward, _ = trl_setup(model, P, G, steps, lr)
+    return (cls or GRPOTrainer)(model=model, reward_funcs=[reward], args=config, train_dataset=data, tools=[calculator], callbacks=callbacks)
+
+
+def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
+    from gpu_vs_trl import train_trl_timed
+
+    config, data, reward, stats = trl_setup(model, P, G, steps)
     trainer, step, gen, _total = train_trl_timed(
-        lambda cls, callbacks: cls(
-            model=model, reward_funcs=[reward], args=config, train_dataset=Dataset.from_list(rows), tools=[calculator], callbacks=callbacks
-        )
+        lambda cls, callbacks: cls(model=model, reward_funcs=[reward], args=config, train_dataset=data, tools=[calculator], callbacks=callbacks)
     )
+    calls, turns, answered = stats["calls"], stats["turns"], stats["answered"]
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     return {
         "step_s": step, "gen_s": gen, "train_s": step - gen, "episodes": P * G,
+        "learn_s": statistics.median(trainer.learn_times[1:] or trainer.learn_times),
         "sampled_tokens": (statistics.mean(lengths) if lengths else float("nan")) * P * G,
         "tool_calls_per_episode": statistics.mean(calls) if calls else 0.0,
+        "turns_mean": statistics.mean(turns) if turns else float("nan"),
+        "final_answer_rate": statistics.mean(answered) if answered else float("nan"),
         "reward": statistics.mean(rewards) if rewards else float("nan"),
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan"),
     }
+
+
+# -- checking TRL's side of the comparison with a perfect scripted policy (CPU, no training) ----------
+
+
+def _oracle_text(tok: Any, ids: list[int], tasks: dict[str, dict[str, Any]]) -> str:
+    """What a perfect calculator policy says next in this conversation, in the SFT transcripts' form."""
+    text = tok.decode(ids)
+    question = text.rsplit("<|im_start|>user\n", 1)[0] if "<tool_response>" in text.rsplit("<|im_start|>user\n", 1)[-1] else text
+    task = next(t for q, t in tasks.items() if q in question)
+    done = text.count("<tool_response>")
+    if done < len(task["steps"]):
+        call = json.dumps({"name": "calculator", "arguments": {"expression": task["steps"][done]}})
+        return f"<think>\n\n</think>\n\n<tool_call>\n{call}\n</tool_call><|im_end|>"
+    return f"<think>\n\n</think>\n\nThe answer is {task['answer']}.<|im_end|>"
+
+
+def trl_oracle(tokenizer_dir: str, P: int = 4, G: int = 2) -> dict[str, Any]:
+    """Run TRL's tool loop and reward (``run_trl``'s settings) with a perfect scripted policy.
+
+    The model is a tiny random one; TRL's token generation is replaced by the oracle, so every
+    other part of TRL's multi-turn path runs as in the benchmark: the chat template it picks, the
+    tool-call parser, the tool execution, the tool-result suffix, ``max_completion_length``, and the
+    reward reading the final message. A perfect policy must score 1.0; anything less is the
+    benchmark's (or TRL's) doing, not the model's.
+    """
+    import anyio
+    from datasets import Dataset
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from agentrl.environments.calculator import correct
+
+    folder = tempfile.mkdtemp(prefix="trl-oracle-")
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.chat_template = qwen3_chat_template  # what sft() saves with the model
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1,
+                      num_key_value_heads=1, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id)
+    Qwen2ForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+    env = make_env()
+    rows, tasks = [], {}
+    for task in env.dataset("train").select(range(P)):
+        messages, _ = anyio.run(env.reset, dict(task), 0)
+        rows.append({"prompt": messages, "answer": task["answer"]})
+        tasks[task["question"]] = dict(task)
+    seen: list[dict[str, Any]] = []
+
+    def reward(completions: list, answer: list, **_: Any) -> list[float]:
+        out = []
+        for messages, target in zip(completions, answer):
+            final = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), "")
+            out.append(correct(final, target))
+            seen.append({"messages": messages, "answer": target, "final": final, "reward": out[-1]})
+        return out
+
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl-oracle-out-"), per_device_train_batch_size=P * G, num_generations=G,
+        max_completion_length=MAX_COMPLETION, max_tool_calling_iterations=6, use_cpu=True, max_steps=1, report_to="none",
+        save_strategy="no", logging_steps=1, beta=0.0, loss_type="dapo", shuffle_dataset=False, dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(model=folder, reward_funcs=[reward], args=config, train_dataset=Dataset.from_list(rows), tools=[calculator])
+
+    prompts_seen: list[list[int]] = []
+
+    def generate(self: Any, prompt_ids: list[list[int]], *args: Any, **kwargs: Any) -> tuple[list[list[int]], None]:
+        prompts_seen.extend(prompt_ids)
+        return [tok.encode(_oracle_text(tok, ids, tasks), add_special_tokens=False) for ids in prompt_ids], None
+
+    trainer._generate_single_turn = generate.__get__(trainer)
+    trainer.train()
+    first = seen[0]["messages"] if seen else []
+    # the tokens TRL fed the model before its last turn, against agentrl's rendering of the same
+    # conversation with the environment's tool schemas (what sft() trained the model on)
+    from agentrl.chat import get_chat_format
+
+    fmt = get_chat_format(AutoTokenizer.from_pretrained(folder))
+    ours = fmt.render(rows[0]["prompt"] + [dict(m) for m in first[:-1]], tools=env.tool_schemas(), add_generation_prompt=True)
+    question = rows[0]["prompt"][-1]["content"]
+    theirs = max((ids for ids in prompts_seen if question in tok.decode(ids)), key=len)
+    at = next((i for i, (x, y) in enumerate(zip(ours, theirs)) if x != y), None)
+    if at is None and len(ours) != len(theirs):
+        at = min(len(ours), len(theirs))
+    return {
+        "same_tokens_as_sft": at is None,
+        "first_difference": None if at is None else {"agentrl": tok.decode(ours[at : at + 40]), "trl": tok.decode(theirs[at : at + 40])},
+        "template": "TRL training template" if trainer.chat_template else "tokenizer's own",
+        "episodes": len(seen), "reward_mean": statistics.mean(s["reward"] for s in seen) if seen else float("nan"),
+        "tool_calls_per_episode": statistics.mean(sum(len(m.get("tool_calls") or []) for m in s["messages"]) for s in seen) if seen else 0.0,
+        "first_episode": first, "first_final": seen[0]["final"] if seen else None,
+    }
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="checks of the multi-turn benchmark")
+    ap.add_argument("--trl-oracle", action="store_true", help="TRL's tool loop and reward with a perfect scripted policy")
+    ap.add_argument("--tokenizer", default=str(Path.home() / ".cache/agentrl/test-assets/qwen3"))
+    a = ap.parse_args()
+    if a.trl_oracle:
+        print(json.dumps(trl_oracle(a.tokenizer), indent=1, default=str))

@@ -78,19 +78,20 @@ def test_gradients_match_naive(batch):
 
 
 def test_chunk_loop_really_chunks(batch):
+    """The checkpointed head (PEFT heads, and the reference the fused head is tested against)."""
     model = tiny_model()
     ids, mask = batch
     seen: list[tuple[int, ...]] = []
     handle = model.get_output_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(o.shape)))
     try:
         with torch.no_grad():
-            token_logprobs(model, ids, mask, logits_to_keep=7, chunk_size=4)
+            token_logprobs(model, ids, mask, logits_to_keep=7, chunk_size=4, head="checkpoint")
         positions = 3 * 7
         assert len(seen) == math.ceil(positions / 4)
         assert max(s[0] for s in seen) == 4 and sum(s[0] for s in seen) == positions
         assert all(len(s) == 2 for s in seen)  # [chunk, V]: never a [B, T, V] tensor
         seen.clear()
-        lp = token_logprobs(model, ids, mask, logits_to_keep=7, chunk_size=4)
+        lp = token_logprobs(model, ids, mask, logits_to_keep=7, chunk_size=4, head="checkpoint")
         assert len(seen) == math.ceil(positions / 4)
         lp.sum().backward()  # backward recomputes each chunk (checkpointed), one chunk at a time
         assert len(seen) == 2 * math.ceil(positions / 4)

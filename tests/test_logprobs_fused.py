@@ -1,0 +1,169 @@
+"""The fused linear + log-softmax head against the checkpointed head and a naive full-logits computation.
+
+Tolerances are the largest differences measured on this CPU with some headroom: float32 log-probs
+and entropies agree to ~2e-6 (asserted 1e-5), float32 gradients to ~1e-5 relative; under bf16
+autocast the fused head differs from the checkpointed one by bf16 rounding only (~1e-6 on
+log-probs, 1e-3 asserted; gradients within bf16 noise, and no further from float32 than the
+checkpointed head's, which rounds each chunk's weight gradient to bf16 where the fused head sums in
+float32).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from agentrl.logprobs import completion_logprobs, linear_logprobs, token_logprobs
+from agentrl.train_setup import enable_gradient_checkpointing
+
+V = 300
+
+
+def model(seed: int = 0, softcap: float | None = None) -> transformers.Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, head_dim=32, intermediate_size=128)
+    m = transformers.Qwen2ForCausalLM(cfg).float()
+    m.config.final_logit_softcapping = softcap  # read by both heads (Gemma-style capping)
+    return m
+
+
+def run(head: str, temperature: float, softcap: float | None, chunk: int, autocast: bool = False):
+    m = model(softcap=softcap)
+    ids = torch.randint(0, V, (3, 17), generator=torch.Generator().manual_seed(1))
+    weights = torch.randn(3, 16, generator=torch.Generator().manual_seed(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        lp, ent = token_logprobs(m, ids, chunk_size=chunk, temperature=temperature, head=head, return_entropy=True)
+    (lp * weights).sum().backward()
+    return lp.detach(), ent, {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize(("temperature", "softcap", "chunk"), [(1.0, None, 5), (0.7, None, 1000), (1.3, 5.0, 3)])
+def test_fused_head_matches_checkpointed_head_fp32(temperature, softcap, chunk):
+    ref_lp, ref_ent, ref_grads = run("checkpoint", temperature, softcap, chunk)
+    lp, ent, grads = run("fused", temperature, softcap, chunk)
+    torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_fused_head_matches_checkpointed_head_bf16_autocast():
+    """Measured: log-probs 1e-6 apart, gradients up to 2.2% of each tensor's largest entry apart
+    (bf16 noise: both are ~0.5% from float32), the fused head's total error no larger."""
+    ref_lp, ref_ent, ref_grads = run("checkpoint", 0.9, None, 7, autocast=True)
+    lp, ent, grads = run("fused", 0.9, None, 7, autocast=True)
+    _, _, exact = run("checkpoint", 0.9, None, 7, autocast=False)
+    assert (lp - ref_lp).abs().max() < 1e-3
+    assert (ent - ref_ent).abs().max() < 1e-3
+    for name, g in ref_grads.items():  # bf16 products: compare relative to the gradient's scale
+        assert (grads[name] - g).abs().max() <= 4e-2 * g.abs().max() + 1e-6, name
+
+    def error(gs: dict) -> float:
+        return float(sum(((gs[n] - e) ** 2).sum() for n, e in exact.items()).sqrt())
+
+    assert error(grads) <= 1.1 * error(ref_grads)
+
+
+def test_linear_logprobs_against_naive_with_bias_softcap_and_tiny_tiles():
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(37, 16, generator=g, requires_grad=True)
+    w = torch.randn(50, 16, generator=g, requires_grad=True)
+    b = torch.randn(50, generator=g, requires_grad=True)
+    t = torch.randint(0, 50, (37,), generator=g)
+    lp, ent = linear_logprobs(h, w, t, bias=b, temperature=0.9, softcap=3.0, tile_rows=8, tile_cols=7, return_entropy=True)
+    logits = torch.tanh((h @ w.t() + b) / 3.0) * 3.0 / 0.9
+    logp = torch.log_softmax(logits, -1)
+    ref = logp.gather(1, t[:, None]).squeeze(1)
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=0)
+    assert not ent.requires_grad
+    got = torch.autograd.grad((lp + lp**2).sum(), (h, w, b))
+    want = torch.autograd.grad((ref + ref**2).sum(), (h, w, b))
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, atol=5e-5, rtol=1e-4)
+
+
+def test_grad_into_leaf_accumulates_like_autograd():
+    """Two micro-batches: the second adds its weight gradient into the leaf's .grad directly."""
+    g = torch.Generator().manual_seed(4)
+    hs = [torch.randn(9, 8, generator=g) for _ in range(2)]
+    ts = [torch.randint(0, 20, (9,), generator=g) for _ in range(2)]
+    grads = []
+    for into in (False, True):
+        w = torch.randn(20, 8, generator=torch.Generator().manual_seed(5)).requires_grad_()
+        for h, t in zip(hs, ts):
+            lp, _ = linear_logprobs(h, w, t, tile_rows=4, tile_cols=6, grad_into_leaf=into)
+            lp.sum().backward()
+        grads.append(w.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-6)
+
+
+class _Biggest(TorchDispatchMode):
+    """Records the largest tensor any op makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_fused_head_never_makes_a_positions_by_vocab_tensor():
+    h = torch.randn(64, 16, requires_grad=True)
+    w = torch.randn(1000, 16, requires_grad=True)
+    t = torch.randint(0, 1000, (64,))
+    with _Biggest() as seen:
+        lp, _ = linear_logprobs(h, w, t, tile_rows=16, tile_cols=100, return_entropy=True)
+        lp.sum().backward()
+    # the weight and its gradient are [V, H] = 16,000; a tile is 16 x 100; the full logits 64,000
+    assert seen.largest <= 1000 * 16
+
+
+def test_completion_logprobs_only_scores_asked_positions():
+    m = model()
+    ids = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(6))
+    starts = torch.tensor([3, 5])
+    only = torch.zeros(2, 7, dtype=torch.bool)
+    only[0, [0, 1, 4]] = True
+    only[1, [2, 6]] = True
+    with torch.no_grad():
+        full, full_ent = completion_logprobs(m, ids, starts, 7, return_entropy=True)
+        part, part_ent = completion_logprobs(m, ids, starts, 7, return_entropy=True, only=only)
+    torch.testing.assert_close(part[only], full[only], atol=1e-6, rtol=0)
+    torch.testing.assert_close(part_ent[only], full_ent[only], atol=1e-6, rtol=0)
+    assert (part[~only] == 0).all() and (part_ent[~only] == 0).all()
+    none = torch.zeros_like(only)
+    for head in ("fused", "checkpoint"):  # nothing to score: zeros, still on the graph
+        lp = completion_logprobs(m, ids, starts, 7, only=none, head=head)
+        assert (lp == 0).all()
+        lp.sum().backward()
+    with pytest.raises(ValueError, match="only"):
+        completion_logprobs(m, ids, starts, 7, only=only[:, :3])
+    with pytest.raises(ValueError, match="head"):
+        completion_logprobs(m, ids, starts, 7, head="triton")  # type: ignore[arg-type]
+
+
+def test_autocast_without_weight_cache_is_bit_identical():
+    """The learner turns autocast's weight cache off (the cached bf16 copies of every weight stay
+    alive until the forward ends); a cast is a cast, so log-probs and gradients are unchanged."""
+    ids = torch.randint(0, V, (2, 15), generator=torch.Generator().manual_seed(7))
+    out = []
+    for cache in (True, False):
+        m = model()
+        enable_gradient_checkpointing(m)  # as the trainer does
+        m.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache):
+            lp = completion_logprobs(m, ids, torch.tensor([4, 6]), 9)
+        lp.sum().backward()
+        out.append((lp.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+    assert torch.equal(out[0][0], out[1][0])
+    for name, g in out[0][1].items():
+        assert torch.equal(out[1][1][name], g), name
