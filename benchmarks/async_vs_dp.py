@@ -13,7 +13,7 @@
 Each run trains ``--steps`` GRPO steps of ``--prompts`` tasks x ``--generations`` episodes (global
 numbers) on the calculator environment with a toy extra reward (share of digits: a random model
 never calls a tool, so each episode is one turn of ``--tokens`` tokens), bf16 on CUDA. Printed as
-one ``RESULT`` JSON line: episodes/s and mean step time over the steps after the first, rollout
+one ``RESULT`` JSON line: episodes/s from the median step time over the steps after the first (and the mean), rollout
 and train time, the staleness seen (async), peak memory of this process. Needs pydantic and
 datasets on the device (carry their wheels, as for gpu_smoke.py).
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -43,17 +44,25 @@ def keys_for(mode: str, args: argparse.Namespace) -> list[str]:
     out = tempfile.mkdtemp(prefix=f"async-vs-dp-{mode}-") if int(os.environ.get("RANK", "0")) == 0 else None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank needs the same output_dir: rank 0's, shared
         obj = [out]
+        if torch.cuda.is_available() and not args.cpu:  # before NCCL starts: each rank on its own GPU
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group("nccl" if torch.cuda.is_available() and not args.cpu else "gloo")
         torch.distributed.broadcast_object_list(obj, src=0)
         out = obj[0]
-    keys = [
-        f"model.path={args.model}", f"max_steps={args.steps}", f"prompts_per_step={args.prompts}", f"num_generations={args.generations}",
-        f"micro_batch_size={args.micro}", f"rollout.max_tokens_per_turn={args.tokens}", f"rollout.max_completion_tokens={args.tokens}",
-        "sampling.temperature=1.0", "learning_rate=1e-6", f"output_dir={out}", "samples_per_log=0", "save_final=false",
-        f'extra_rewards=[{{"fn": "{HERE / "async_vs_dp.py"}:digits", "weight": 1.0}}]',
-    ]
-    if not args.cpu:
-        keys += ["precision=bf16", "gradient_checkpointing=true"]
+    if args.multiturn:  # the multi-turn row of gpu_vs_trl.py: the same settings, on its SFT model
+        import multiturn_bench
+
+        keys = [k for k in multiturn_bench.agentrl_args(args.model, args.prompts, args.generations, args.steps) if not k.startswith("output_dir=")]
+        keys.append(f"output_dir={out}")
+    else:
+        keys = [
+            f"model.path={args.model}", f"max_steps={args.steps}", f"prompts_per_step={args.prompts}", f"num_generations={args.generations}",
+            f"micro_batch_size={args.micro}", f"rollout.max_tokens_per_turn={args.tokens}", f"rollout.max_completion_tokens={args.tokens}",
+            "sampling.temperature=1.0", "learning_rate=1e-6", f"output_dir={out}", "samples_per_log=0", "save_final=false",
+            f'extra_rewards=[{{"fn": "{HERE / "async_vs_dp.py"}:digits", "weight": 1.0}}]',
+        ]
+        if not args.cpu:
+            keys += ["precision=bf16", "gradient_checkpointing=true"]
     if mode == "async":
         keys += [f"max_staleness={args.staleness}", f"rollout_device={'cpu' if args.cpu else 'cuda:1'}"]
     if mode == "fsdp":
@@ -73,6 +82,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--staleness", type=int, default=1)
+    ap.add_argument("--multiturn", action="store_true", help="the multi-turn calculator row's settings (multiturn_bench.py); --model: its SFT model (gpu_vs_trl.py --worker sft)")
     ap.add_argument("--cpu", action="store_true", help="logic check on CPU (bundled model unless --model is given)")
     args = ap.parse_args()
     if args.build:
@@ -102,11 +112,12 @@ def main() -> None:
         return
     rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     later = rows[1:] or rows
-    step_s = sum(r["perf/step_s"] for r in later) / len(later)
+    step_s = statistics.median(r["perf/step_s"] for r in later)  # a one-off recompile of a new shape is not the rate
     result = {
         "mode": args.mode, "processes": world, "device": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.cpu else "cpu",
         "steps": len(rows), "episodes_per_step": args.prompts * args.generations,
-        "episodes_per_s": round(args.prompts * args.generations / step_s, 2), "step_s_mean": round(step_s, 3),
+        "episodes_per_s": round(args.prompts * args.generations / step_s, 2), "step_s_median": round(step_s, 3),
+        "step_s_mean": round(sum(r["perf/step_s"] for r in later) / len(later), 3),
         "step_s_first": round(rows[0]["perf/step_s"], 3),
         "rollout_s_mean": round(sum(r["rollout/elapsed_s"] for r in later) / len(later), 3),
         "train_s_mean": round(sum(r["perf/train_s"] for r in later) / len(later), 3),

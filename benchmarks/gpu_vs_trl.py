@@ -81,22 +81,36 @@ def make_env(n: int = 64) -> Any:
     return SingleTurn(rewards=[digits])
 
 
-def build_model(tokenizer_dir: str, out: Path, dtype: torch.dtype = torch.float32) -> None:
-    """A Qwen2.5-0.5B-shaped model with random weights (fp32 on disk by default) plus the tokenizer."""
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+SHAPES = {
+    # the issue's three families at 0.5-1.5B, random weights, all on Qwen3's tokenizer (151,936 ids)
+    "qwen2.5-0.5b": ("Qwen2Config", "Qwen2ForCausalLM", dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, rope_theta=1_000_000.0)),
+    "qwen3-0.6b": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+        num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0)),
+    "llama-1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, rope_theta=500_000.0)),
+}
+
+
+def build_model(tokenizer_dir: str, out: Path, dtype: torch.dtype = torch.float32, shape: str = "qwen2.5-0.5b") -> None:
+    """A model of one of ``SHAPES`` with random weights (fp32 on disk by default) plus the tokenizer."""
+    import transformers
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen2Config(
-        vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-        num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-        tie_word_embeddings=True, rope_theta=1_000_000.0,
+    config_name, model_name, dims = SHAPES[shape]
+    config = getattr(transformers, config_name)(
+        vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True, **dims,
         eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(dtype)
+    model = getattr(transformers, model_name)(config).to(dtype)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
+    print(f"model ({shape}): {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
 
 
 def _sync() -> None:
@@ -360,6 +374,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", default=".assets/qwen3", help="tokenizer folder for the GPU model")
     ap.add_argument("--rows", default="8x8x256,8x8x1024,32x8x512")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b", help="the model built when --model is not given")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--cpu", action="store_true", help="bundled model on CPU, both frameworks")
     ap.add_argument("--frameworks", default="trl,agentrl")
@@ -382,7 +397,7 @@ def main() -> None:
         assert torch.cuda.is_available(), "GPU mode needs CUDA; use --cpu on this machine"
         model = args.model or tempfile.mkdtemp(prefix="q05-")
         if args.model is None:
-            build_model(args.tokenizer, Path(model))
+            build_model(args.tokenizer, Path(model), shape=args.shape)
     device = "cpu" if args.cpu else torch.cuda.get_device_name()
     results = []
     rows = args.rows.split(",")
@@ -412,7 +427,7 @@ def main() -> None:
             result.update(row=row, framework=fw, wall_s=time.perf_counter() - t)
             results.append(result)
             print(json.dumps(result), flush=True)
-    print(f"\ndevice: {device}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}")
+    print(f"\ndevice: {device}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; model {args.model or args.shape}")
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "results": results}, indent=1))

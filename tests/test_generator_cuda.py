@@ -117,3 +117,29 @@ def test_defaults_decode_through_cuda_graphs_and_the_compiled_step():
     plain = generate(TransformersGenerator(m, 0, static_cache=True, gather_window_s=0.2), prompts, greedy)
     same = sum(a.token_ids == b.token_ids for a, b in zip(plain, fast))
     assert same >= len(prompts) - 1, f"only {same}/{len(prompts)} greedy outputs agree"
+
+
+def test_rollouts_ahead_on_cuda_train_beside_a_capturing_generator(tmp_path):
+    """max_staleness=1 on CUDA: the generation copy decodes (graph captures, compiled step) on its
+    own thread while the learner runs checkpointed bf16 forwards and backwards. Process-global
+    switches flipped per batch (SDPA kernels) and a global-mode capture made the learner fail
+    (H100, rollout_device=cuda:1); the run must finish every step with finite updates."""
+    import json
+    import math
+
+    from agentrl.config import build, parse_overrides
+    from agentrl.train_config import TrainConfig
+    from agentrl.trainer import Trainer
+
+    device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
+    keys = [
+        "prompts_per_step=4", "num_generations=8", "micro_batch_size=8", "rollout.max_tokens_per_turn=64",
+        "rollout.max_completion_tokens=192", "learning_rate=2e-5", "max_steps=5", f"output_dir={tmp_path}",
+        "precision=bf16", "gradient_checkpointing=true", "max_staleness=1", f"rollout_device={device}",
+        "samples_per_log=0", "save_final=false",
+    ]
+    Trainer(build(TrainConfig, parse_overrides(keys))).train()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 5
+    assert all(math.isfinite(r["loss/loss"]) for r in rows)
+    assert sum(r.get("train/skipped_nonfinite", 0) for r in rows) == 0

@@ -35,6 +35,7 @@ def build_generator(
     model: Any = None,
     seed: int = 0,
     train_dtype: Any = None,
+    training_alongside: bool = False,
 ) -> Generator:
     """The generator ``settings`` (a ``config.GeneratorSettings``) asks for; training and eval share it.
 
@@ -45,6 +46,8 @@ def build_generator(
     (None: the model's own limit). ``train_dtype``: the dtype the trainer computes in under
     autocast (e.g. ``torch.bfloat16``); the transformers backend on CUDA then decodes a full
     model from a copy in that dtype (``TransformersGenerator(weights_dtype=...)``).
+    ``training_alongside``: a learner trains on another thread while this generator decodes
+    (rollouts ahead; see ``TransformersGenerator``).
     """
     backend = settings.backend
     if backend == "transformers":
@@ -60,6 +63,7 @@ def build_generator(
             model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size,
             gather_window_s=settings.gather_window_s, static_cache=cuda_graphs,
             compile_decode=compile_decode, weights_dtype=train_dtype if copy else None,
+            training_alongside=training_alongside,
         )
     if backend == "vllm":
         import torch

@@ -212,7 +212,11 @@ class StaticDecoder:
             self._pool = torch.cuda.graph_pool_handle()
         # a capture stream on this model's device (torch's default one is made once per process, on
         # whichever device was current then: wrong for a second generator on another GPU)
-        with torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(self.device)):
+        # thread_local: a capture forbids unsafe CUDA calls only on this thread. The default
+        # ("global") made the learner's kernels on another thread fail while a rollout-ahead
+        # generator captured (max_staleness > 0, rollout_device=cuda:1).
+        capture = torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(self.device), capture_error_mode="thread_local")
+        with capture:
             slot.logits = self.forward(slot, slot.ids, slot.pos, slot.mask)
         self._set_length(slot, column)  # capture records the counter's increment without running it
         slot.graph = graph

@@ -149,6 +149,9 @@ class TransformersGenerator:
     token and no per-step casts under autocast. The copy holds weights only between
     ``begin_rollout`` (cast from ``model``) and ``end_rollout`` (freed), so a training step does
     not carry 2 bytes per parameter it never reads.
+
+    ``training_alongside``: a learner runs forwards on another thread while this generator
+    decodes (rollouts ahead); process-global switches are then set once, never per batch.
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class TransformersGenerator:
         static_cache: bool | None = None,
         compile_decode: bool = False,
         weights_dtype: torch.dtype | None = None,
+        training_alongside: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -180,6 +184,9 @@ class TransformersGenerator:
         self.max_gather_s = max(gather_window_s, 0.1)
         self.max_context = max_context
         self.device = next(model.parameters()).device
+        self._training_alongside = training_alongside
+        if training_alongside and self.device.type == "cuda":
+            torch.backends.cuda.enable_cudnn_sdp(False)  # see _attention_backends
         self.vocab_size = model.get_input_embeddings().num_embeddings
         signature = inspect.signature(model.forward).parameters
         self._keep_last_logits = "logits_to_keep" in signature
@@ -493,9 +500,12 @@ class TransformersGenerator:
 
         cuDNN attention builds an execution plan per new shape, and decoding makes a new key length
         every step with batch and prompt sizes that keep changing: measured ~50 ms per step versus
-        ~5 ms (bf16, H200). The switch is process-global while a batch runs.
+        ~5 ms (bf16, H200). The switch is process-global while a batch runs, so with a learner
+        running forwards on another thread (``training_alongside``: rollouts ahead) it is made once
+        for the whole process at construction instead: a learner whose checkpointed forward and
+        recompute saw different SDPA kernels failed its backward (H100, rollout_device=cuda:1).
         """
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" or self._training_alongside:
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
