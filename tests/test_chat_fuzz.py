@@ -137,6 +137,21 @@ def test_deep_trajectory_round_trips_through_the_writer(tmp_path: Path) -> None:
     assert isinstance(level, str) and depth + level.count("[") == 5_001
 
 
+def test_deep_trajectory_reaches_samples_jsonl(tmp_path: Path) -> None:
+    """The training side of the issue-17 crash: ``RunLog.samples`` (samples.jsonl) with a 5,000-deep call."""
+    from agentrl.observe import RunLog
+
+    deep: Any = []
+    for _ in range(5_000):
+        deep = [deep]
+    turn = Turn(0, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": deep}}}]}, 2, "stop")
+    traj = Trajectory(task={"q": "q"}, seed=0, samples=[Sample([1], [2, 3], [1, 1], [-0.1, -0.2])], turns=[turn], reward=0.5)
+    log = RunLog(tmp_path, accelerator=None, live=False)
+    log.samples(3, [traj], decode=lambda ids: "x" * len(ids))
+    (record,) = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert record["step"] == 3 and record["reward"] == 0.5 and record["text"] == ["xxx"]
+
+
 def test_shallow_trajectory_serialises_as_before() -> None:
     from dataclasses import asdict
 
