@@ -104,8 +104,11 @@ class SandboxConfig:
     def __post_init__(self) -> None:
         if self.isolation not in ("auto", "bwrap", "unshare", "none"):
             raise ValueError(f"sandbox isolation must be auto, bwrap, unshare or none, got {self.isolation!r}")
-        for name in ("timeout_s", "memory_mb", "max_processes", "max_output_bytes", "max_file_mb", "tmp_mb", "max_concurrency"):
-            if getattr(self, name) <= 0:
+        for name in ("timeout_s", "memory_mb", "max_processes", "max_output_bytes", "max_file_mb", "tmp_mb", "max_open_files", "max_concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"sandbox {name} must be a number, got {value!r}")
+            if value <= 0:
                 raise ValueError(f"sandbox {name} must be positive, got {getattr(self, name)!r}")
         if self.require_isolation and self.isolation == "none":
             raise ValueError("sandbox isolation='none' contradicts require_isolation=True")

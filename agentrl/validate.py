@@ -29,8 +29,10 @@ def preflight_train(cfg: Any) -> Any:
     check_output_dir("output_dir", cfg.output_dir)
     check_resume(cfg.resume, cfg.output_dir)
     require_backend(cfg.generator)
+    check_device("rollout_device", cfg.rollout_device)
     env = build_env(cfg.env, cfg.env_args)
     tasks = check_dataset(env, cfg.env, "train")
+    check_task_field("curriculum.key", cfg.curriculum.key, tasks)
     for i, reward in enumerate(cfg.extra_rewards):
         check_callable(f"extra_rewards[{i}].fn", reward.fn)
     tokenizer = check_model(cfg.model.path)
@@ -114,6 +116,32 @@ def check_dataset(env: Any, spec: str, split: str) -> list[Any]:
     if not tasks:
         raise ConfigError(f"env={spec}: the {split!r} split has no tasks")
     return tasks
+
+
+def check_task_field(key: str, field: str | None, tasks: list[Any]) -> None:
+    """``field`` (e.g. ``curriculum.key``) must be a field of the tasks, found before the model loads."""
+    if field is None or not tasks:
+        return
+    row = tasks[0]
+    columns = sorted(row) if isinstance(row, dict) else []
+    if field not in columns:
+        raise ConfigError(f"{key}: the tasks have no field {field!r} (they have {columns})")
+
+
+def check_device(key: str, spec: str | None) -> None:
+    """A device name such as ``cuda:1`` must parse and exist on this machine."""
+    if spec is None:
+        return
+    import torch
+
+    try:
+        device = torch.device(spec)
+    except Exception as exc:
+        raise ConfigError(f"{key}={spec}: not a device name (e.g. cpu, cuda, cuda:1): {_describe(exc)}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if count == 0 or (device.index or 0) >= count:
+            raise ConfigError(f"{key}={spec}: this machine has {count} CUDA device(s)")
 
 
 def check_callable(key: str, target: str) -> None:

@@ -1,12 +1,14 @@
 """Worst parse time per chat format on hostile text (issue 17: parsers must be linear-time).
 
-For every parser, every case of ``agentrl.chat.fuzz.worst_cases`` (each tag repeated, tag + JSON
+For every parser (each registered chat format parses with one of them; the table names the
+formats of each row), every case of ``agentrl.chat.fuzz.worst_cases`` (each tag repeated, tag + JSON
 opener repeated, deep nesting, one unterminated string, a random mix) is parsed at 100 KB and at
 1 MB; the table shows the slowest case per format and size. Parsing goes through the parser's
 ``parse_with_tools`` (the text path of ``ChatFormat.parse``, without the tokenizer's decode).
 A case that takes longer than ``--give-up`` seconds at 100 KB is not tried at 1 MB.
 
 Usage: python benchmarks/parse_worst_case.py [--sizes 100000 1000000] [--formats hermes qwen3_xml]
+(``--formats`` takes parser or chat-format names; a format is benchmarked through its parser.)
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import argparse
 import platform
 import time
 
-from agentrl.chat import available_parsers, get_parser
+from agentrl.chat import available_formats, available_parsers, format_spec, get_parser
 from agentrl.chat.fuzz import worst_cases
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}]
@@ -38,11 +40,16 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=available_parsers())
     ap.add_argument("--give-up", type=float, default=5.0)
     args = ap.parse_args()
+    users: dict[str, list[str]] = {}
+    for fmt in available_formats():
+        users.setdefault(format_spec(fmt).parser, []).append(fmt)
+    names = list(dict.fromkeys(n if n in available_parsers() else format_spec(n).parser for n in args.formats))
     print(f"# {platform.processor() or platform.machine()}, python {platform.python_version()}")
-    print("| parser | size | worst case | worst time (s) | cases | raised |")
-    print("|---|---|---|---|---|---|")
+    print("| parser | formats | size | worst case | worst time (s) | cases | raised |")
+    print("|---|---|---|---|---|---|---|")
     slow: set[tuple[str, str]] = set()
-    for name in args.formats:
+    for name in names:
+        formats = ", ".join(users.get(name, [])) or "(none)"
         for size in args.sizes:
             worst, worst_case, raised, n = 0.0, "", 0, 0
             for case, text in worst_cases(name, size).items():
@@ -55,7 +62,7 @@ def main() -> None:
                     slow.add((name, case))
                 if seconds > worst:
                     worst, worst_case = seconds, case
-            print(f"| {name} | {size:,} | {worst_case} | {worst:.3f} | {n} | {raised} |", flush=True)
+            print(f"| {name} | {formats} | {size:,} | {worst_case} | {worst:.3f} | {n} | {raised} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,8 @@ class SearchEnv(ToolEnvironment):
     system_prompt = SYSTEM_PROMPT
 
     def __init__(self, num_test: int = 100, seed: int = 0, k: int = 5, max_turns: int = 8) -> None:
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"search k (results per query) must be a whole number of at least 1, got {k!r}")
         docs, facts = build_corpus(seed)
         self.corpus = Corpus(docs)
         self.facts = facts

@@ -137,6 +137,21 @@ def test_deep_trajectory_round_trips_through_the_writer(tmp_path: Path) -> None:
     assert isinstance(level, str) and depth + level.count("[") == 5_001
 
 
+def test_deep_trajectory_reaches_samples_jsonl(tmp_path: Path) -> None:
+    """The training side of the issue-17 crash: ``RunLog.samples`` (samples.jsonl) with a 5,000-deep call."""
+    from agentrl.observe import RunLog
+
+    deep: Any = []
+    for _ in range(5_000):
+        deep = [deep]
+    turn = Turn(0, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": deep}}}]}, 2, "stop")
+    traj = Trajectory(task={"q": "q"}, seed=0, samples=[Sample([1], [2, 3], [1, 1], [-0.1, -0.2])], turns=[turn], reward=0.5)
+    log = RunLog(tmp_path, accelerator=None, live=False)
+    log.samples(3, [traj], decode=lambda ids: "x" * len(ids))
+    (record,) = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert record["step"] == 3 and record["reward"] == 0.5 and record["text"] == ["xxx"]
+
+
 def test_shallow_trajectory_serialises_as_before() -> None:
     from dataclasses import asdict
 
@@ -165,6 +180,43 @@ def test_a_million_openers_are_capped(name: str) -> None:
     check(result)
     assert len(result.tool_calls) == MAX_CALLS
     assert "too_many_calls" in {i.kind for i in result.issues}
+
+
+MALFORMED_CALLS = {  # (prefix, one closed call the parser cannot use)
+    "hermes": ("", "<tool_call>x</tool_call>"), "qwen3": ("", "<tool_call>{bad</tool_call>"),
+    "qwen3_xml": ("", "<tool_call>x</tool_call>"), "llama3": ("", '{"name": 1, "parameters": {}};'),
+    "mistral": ("", "[TOOL_CALLS]x"), "deepseek_v3": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>x<｜tool▁call▁end｜>"),
+    "gpt_oss": ("", "<|start|>assistant<|channel|>commentary to=functions.f<|message|>{bad<|call|>"),
+    "lfm2": ("", "<|tool_call_start|>x<|tool_call_end|>"), "gemma4": ("", "<|tool_call>x<tool_call|>"),
+    "glm4": ("", "<tool_call>\n</tool_call>"),
+    "atem": ("", " to=f<|message|><atem:function_calls><atem:invoke></atem:invoke></atem:function_calls><|eom|>"),
+}  # fmt: skip
+
+
+def test_every_parser_has_a_malformed_call_case() -> None:
+    assert set(MALFORMED_CALLS) == set(available_parsers())
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_CALLS))
+def test_malformed_calls_count_toward_the_cap(name: str) -> None:
+    """glm4, gemma4 and lfm2 counted only good calls: 70,000 empty calls in 1 MB were 70,000 issues
+    (1.4 s at 1 MB under load, past the 1 s target). Every attempt counts now, so the work and the
+    issue list stay bounded whatever the output."""
+    prefix, unit = MALFORMED_CALLS[name]
+    result = get_parser(name).parse(prefix + unit * 20_000)
+    check(result)
+    assert len(result.issues) <= MAX_CALLS + 2
+    assert "too_many_calls" in {i.kind for i in result.issues}
+
+
+def test_every_format_is_fuzzed_with_its_own_markup() -> None:
+    """A new format whose parser has no entry in ``fuzz.MARKUP`` would be attacked with Hermes' tags only."""
+    from agentrl.chat import available_formats, format_spec
+    from agentrl.chat.fuzz import MARKUP
+
+    parsers = {format_spec(name).parser for name in available_formats()}
+    assert parsers <= set(available_parsers())  # so the parametrised fuzz above covers every format
+    assert parsers <= set(MARKUP), sorted(parsers - set(MARKUP))
 
 
 class _ThreadRecordingParser:

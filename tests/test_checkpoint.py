@@ -208,3 +208,102 @@ def test_trainer_resume_logs_each_step_once_and_refuses_a_reused_folder(tmp_path
     resumed.train()
     assert steps("metrics.jsonl") == [1, 2]  # step 2 logged once, not twice
     assert sorted(set(steps("samples.jsonl"))) == [1, 2] and steps("samples.jsonl") == sorted(steps("samples.jsonl"))
+
+
+# -- state added after issue 17: the curriculum, FSDP2 -----------------------------------------
+
+
+def test_a_crafted_curriculum_state_cannot_run_code_on_resume(tmp_path):
+    """``TrainState.curriculum`` travels in the same trainer-state file, read through ``resume_run``
+    (the path FSDP2 checkpoints take too, through ``sharded.checkpoint_views``)."""
+    from agentrl.train_state import TrainState, resume_run
+
+    run = tmp_path / "run"
+    open_run(run, None)
+    marker = tmp_path / "marker"
+    save(run, 2, curriculum={"pos": {"1": 0}, "rng": Payload(marker)})
+    model, opt, sched = trained(1)
+    with pytest.raises(CheckpointError, match="unpickling it could run code"):
+        resume_run("latest", run, TrainState.start(4, 0), model, opt, sched)
+    assert not marker.exists()
+
+
+def test_a_real_curriculum_state_survives_the_safe_loader(tmp_path):
+    """The curriculum's own state is plain data that ``weights_only`` accepts, and draws the same tasks after."""
+    from agentrl.curriculum import Curriculum, CurriculumSettings
+    from agentrl.train_state import TrainState, resume_run
+
+    data = [{"difficulty": 1 + i % 3, "i": i} for i in range(30)]
+    cur = Curriculum(data, CurriculumSettings(key="difficulty"), seed=5)
+    cur.next_tasks(7)
+    run = tmp_path / "run"
+    open_run(run, None)
+    save(run, 2, curriculum=cur.state_dict())
+    expected = [t["i"] for t in cur.next_tasks(20)]
+    state = TrainState.start(4, 0)
+    model, opt, sched = trained(1)
+    resume_run("latest", run, state, model, opt, sched)
+    again = Curriculum(data, CurriculumSettings(key="difficulty"), seed=5)
+    again.load_state_dict(state.curriculum)
+    assert [t["i"] for t in again.next_tasks(20)] == expected
+
+
+def test_nothing_in_the_package_unpickles_without_weights_only():
+    """Every ``torch.load`` passes ``weights_only=True`` and nothing calls pickle's loaders: a new
+    checkpoint path (FSDP2's, a future one) cannot reopen issue 17's item 2 unnoticed."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    bad: list[str] = []
+    for folder in ("agentrl", "environments", "tools"):
+        for file in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(file.read_text(), str(file))):
+                if not isinstance(node, ast.Call):
+                    continue
+                name = ast.unparse(node.func)
+                where = f"{file.relative_to(root)}:{node.lineno} {name}"
+                if name.endswith(("pickle.load", "pickle.loads", "Unpickler", "marshal.loads", "dill.load", "dill.loads")):
+                    bad.append(where)
+                if name == "torch.load" or name.endswith(".torch.load"):
+                    flag = next((k.value for k in node.keywords if k.arg == "weights_only"), None)
+                    if not (isinstance(flag, ast.Constant) and flag.value is True):
+                        bad.append(where + " without weights_only=True")
+    assert not bad, bad
+
+
+CURRICULUM = ("dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=1", "curriculum.key=difficulty",
+              "env_args.difficulty=[1,2,3]", "sampling.temperature=1.0")  # fmt: skip
+
+
+def test_resume_restores_the_curriculum_from_the_checkpoint(tmp_path):
+    """Through the trainer: a resumed run's curriculum continues from the checkpoint's state, not afresh."""
+    from agentrl.trainer import Trainer
+
+    Trainer(train_config(tmp_path, "max_steps=1", *CURRICULUM)).train()
+    saved = json.loads((tmp_path / "checkpoints" / "step-000001" / "trainer_state.json").read_text())["curriculum"]
+    resumed = Trainer(train_config(tmp_path, "max_steps=2", "resume=latest", *CURRICULUM))
+    assert resumed.step == 1 and resumed.curriculum is not None
+    assert resumed.curriculum.state_dict() == saved
+    assert sum(saved["pos"].values()) > 0, "the first step drew tasks, so a fresh curriculum would differ"
+
+
+@pytest.mark.slow
+def test_resume_with_dynamic_sampling_and_curriculum_continues_the_same_run(tmp_path):
+    """2 steps straight, and 1 step then ``resume=latest`` to 2, draw the same tasks and log step 2
+    once, with the same numbers (about a minute on 2 CPU cores)."""
+    from agentrl.trainer import Trainer
+
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    Trainer(train_config(straight, "max_steps=2", *CURRICULUM)).train()
+    Trainer(train_config(split, "max_steps=1", *CURRICULUM)).train()
+    Trainer(train_config(split, "max_steps=2", "resume=latest", *CURRICULUM)).train()
+
+    def logged(run: Path) -> list[dict]:
+        return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert [m["step"] for m in logged(split)] == [1, 2]
+    a, b = logged(straight)[1], logged(split)[1]
+    for key in ("sampling/groups_drawn", "sampling/groups_kept", "reward/mean", "curriculum/difficulty=2/weight"):
+        assert a[key] == b[key], key
+    state = lambda run: json.loads((run / "checkpoints" / "step-000002" / "trainer_state.json").read_text())["curriculum"]  # noqa: E731
+    assert state(straight)["pos"] == state(split)["pos"] and state(straight)["orders"] == state(split)["orders"]

@@ -9,14 +9,29 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from agentrl.trainer import Trainer
 
 ARGS = ["prompts_per_step=2", "num_generations=2", "micro_batch_size=4", "rollout.max_tokens_per_turn=24", "rollout.max_completion_tokens=96", "save_every=0"]
 
 
+CURRICULUM = ["dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=1", "curriculum.key=difficulty", "env_args.difficulty=[1,2,3]"]
+
+
 def test_ctrl_c_saves_a_resumable_checkpoint_and_prints_one_line(tmp_path):
+    interrupt_and_resume(tmp_path, [])
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_dynamic_sampling_and_curriculum(tmp_path):
+    """The checkpoint written on Ctrl-C carries the curriculum's state, and the resumed run starts from it."""
+    interrupt_and_resume(tmp_path, CURRICULUM)
+
+
+def interrupt_and_resume(tmp_path, extra: list[str]) -> None:
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", *ARGS, "max_steps=500", f"output_dir={run}"]
+    cmd = [sys.executable, "-m", "agentrl.cli", "train", *ARGS, *extra, "max_steps=500", f"output_dir={run}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 240
@@ -39,7 +54,10 @@ def test_ctrl_c_saves_a_resumable_checkpoint_and_prints_one_line(tmp_path):
     from agentrl.config import build, parse_overrides
     from agentrl.train_config import TrainConfig
 
-    resumed = Trainer(build(TrainConfig, parse_overrides([*ARGS, f"max_steps={step + 1}", f"output_dir={run}", "resume=latest"])))
+    resumed = Trainer(build(TrainConfig, parse_overrides([*ARGS, *extra, f"max_steps={step + 1}", f"output_dir={run}", "resume=latest"])))
     assert resumed.step == step
+    if extra:
+        saved = json.loads((ckpt / "trainer_state.json").read_text())["curriculum"]
+        assert resumed.curriculum is not None and resumed.curriculum.state_dict() == saved
     resumed.train()
     assert (run / "checkpoints" / f"step-{step + 1:06d}" / "trainer_state.json").is_file()

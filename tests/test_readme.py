@@ -23,3 +23,19 @@ def test_ci_runs_the_readme_test_command():
     test_command = next(b.strip() for b in blocks("bash") if b.strip().endswith("pytest"))
     assert test_command in (ROOT / ".ci" / "run").read_text()
     assert "pip install torch==2.13.0" in blocks("bash")[0]
+
+
+def test_transformers_is_bounded_to_the_tested_range():
+    """Issue 17: pyproject allowed any transformers>=5.0 while a used API is removed in 5.40. The
+    requirement must have an upper bound, and the suite must run on a version inside it."""
+    from importlib.metadata import version
+
+    import pytest
+    from packaging.requirements import Requirement  # a dependency of transformers
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (req,) = [Requirement(d) for d in deps if Requirement(d).name == "transformers"]
+    assert any(s.operator in ("<", "<=", "~=", "==") for s in req.specifier), req
+    assert req.specifier.contains(version("transformers")), (str(req), version("transformers"))

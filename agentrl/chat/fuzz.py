@@ -74,6 +74,11 @@ def worst_cases(format_name: str, size: int) -> dict[str, str]:
     for a in tags:
         for b in ("{", '{"name": "f", "arguments": {"a": "', "[", " ", "x"):
             cases[f"{a + b!r} repeated"] = _repeat(a + b, size)
+    for a in tags:  # every pair of tags: opener then closer is a malformed (empty or garbage) call repeated
+        for b in tags:
+            if a != b:
+                for middle in ("", "x", "{}"):
+                    cases[f"{a + middle + b!r} repeated"] = _repeat(a + middle + b, size)
     cases["deep ["] = tags[0] + "[" * size
     cases["deep {"] = tags[0] + '{"a":' * (size // 5)
     cases["one long string"] = tags[0] + '{"name": "f", "arguments": {"s": "' + "x" * size

@@ -52,16 +52,17 @@ class Gemma4Parser(ResponseParser):
         content: list[str] = []
         calls: list[ToolCall] = []
         find = Finder(rest)
-        pos = 0
+        pos, attempts = 0, 0
         while True:
             start = find.find(START, pos)
             if start == -1:
                 content.append(rest[pos:])
                 break
             content.append(rest[pos:start])
-            if len(calls) >= MAX_CALLS:
+            if attempts >= MAX_CALLS:  # malformed calls count too: each one costs an issue
                 issues.append(too_many_calls("calls"))
                 break
+            attempts += 1
             end = find.find(END, start + len(START))
             body = rest[start + len(START) : end if end != -1 else len(rest)]
             where = f"call {len(calls)}"

@@ -57,11 +57,12 @@ class Glm4Parser(ResponseParser):
             issues.append(ParseIssue("stray_tag", f"{CLOSE} without a matching {OPEN}"))
         calls: list[ToolCall] = []
         finder = Finder(rest)
-        pos = first
+        pos, attempts = first, 0
         while pos != -1:
-            if len(calls) == MAX_CALLS:
+            if attempts == MAX_CALLS:  # malformed calls count too: each one costs an issue and a scan
                 issues.append(too_many_calls("tool calls"))
                 break
+            attempts += 1
             start = pos + len(OPEN)
             end, nxt = _outside_values(finder, CLOSE, start), _outside_values(finder, OPEN, start)
             closed = end != -1 and (nxt == -1 or end < nxt)

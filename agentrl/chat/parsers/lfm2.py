@@ -52,7 +52,7 @@ class Lfm2Parser(ResponseParser):
         content: list[str] = []
         calls: list[ToolCall] = []
         find = Finder(rest)
-        pos = 0
+        pos, blocks = 0, 0
         while True:
             start = find.find(START, pos)
             if start == -1:
@@ -65,9 +65,10 @@ class Lfm2Parser(ResponseParser):
                 body, pos = rest[start + len(START) :], len(rest)
             else:
                 body, pos = rest[start + len(START) : end], end + len(END)
-            if len(calls) >= MAX_CALLS:
+            if len(calls) >= MAX_CALLS or blocks >= MAX_CALLS:  # malformed blocks count too: each costs an issue
                 issues.append(too_many_calls("calls"))
                 break
+            blocks += 1
             got, more = parse_call_list(body, f"call block {len(calls)}")
             calls += got[: MAX_CALLS - len(calls)]
             issues += more
