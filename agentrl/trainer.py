@@ -311,7 +311,9 @@ class Trainer:
             raise ConfigError("max_staleness > 0 runs in one process for now; launch it without torchrun / accelerate launch")
         return RolloutAhead(
             self._module(), env=self.env, train_data=self.train_data, num_generations=cfg.num_generations,
-            make_generator=lambda module: build_generator(cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed),
+            make_generator=lambda module: build_generator(
+                cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed, host_rollouts=True,
+            ),
             engine_of=lambda generator: RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling),
             tasks_per_batch=cfg.prompts_per_step * cfg.steps_per_generation, steps_per_generation=cfg.steps_per_generation,
             max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=self._train_seed, version=self.state.step,

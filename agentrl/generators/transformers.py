@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import torch
 
-from agentrl.generators.base import FinishReason, Generation, SamplingParams
+from agentrl.generators.base import FinishReason, Generation, SamplingParams, T
 from agentrl.generators.sampling import sample_next
 from agentrl.generators.weights import WeightUpdate, normalize_named_tensors
 
@@ -149,6 +149,10 @@ class TransformersGenerator:
     token and no per-step casts under autocast. The copy holds weights only between
     ``begin_rollout`` (cast from ``model``) and ``end_rollout`` (freed), so a training step does
     not carry 2 bytes per parameter it never reads.
+
+    ``host_rollouts``: whether ``run_rollouts`` serves the batches on the calling thread
+    (``run_hosted``) rather than on a model thread of its own; default (None): on CPU only, where
+    a second thread doing torch work costs every op a kernel wake-up.
     """
 
     def __init__(
@@ -162,6 +166,7 @@ class TransformersGenerator:
         static_cache: bool | None = None,
         compile_decode: bool = False,
         weights_dtype: torch.dtype | None = None,
+        host_rollouts: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -180,6 +185,7 @@ class TransformersGenerator:
         self.max_gather_s = max(gather_window_s, 0.1)
         self.max_context = max_context
         self.device = next(model.parameters()).device
+        self.host_rollouts = self.device.type == "cpu" if host_rollouts is None else host_rollouts
         self.vocab_size = model.get_input_embeddings().num_embeddings
         signature = inspect.signature(model.forward).parameters
         self._keep_last_logits = "logits_to_keep" in signature
@@ -365,6 +371,11 @@ class TransformersGenerator:
 
     def _worker(self) -> None:
         self._serve(None)
+
+    def run_rollouts(self, rollouts: Callable[[], T]) -> T:
+        """``run_hosted(rollouts)`` when ``host_rollouts`` (by default on CPU), else ``rollouts()``
+        with the batches on the model thread."""
+        return self.run_hosted(rollouts) if self.host_rollouts else rollouts()
 
     def run_hosted(self, fn: Callable[[], Any]) -> Any:
         """Call ``fn`` on a helper thread while the calling thread runs the batches; return its result.
