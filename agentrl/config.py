@@ -83,7 +83,7 @@ def require_backend(settings: GeneratorSettings) -> None:
 
 class ModelSettings(Strict):
     path: str = Field("default", description="'default' (bundled), a local folder or a hub id")
-    chat_format: str | None = Field(None, description="override detection: a name from agentrl.chat.available_formats() (hermes, qwen3, qwen3_xml, llama3, mistral, chatml_tools, deepseek_v3, gpt_oss)")
+    chat_format: str | None = Field(None, description="override detection: a name from agentrl.chat.available_formats() (hermes, qwen3, llama3, mistral, gpt_oss, ...; docs/chat_formats.md lists them all)")
     device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (None: cuda when available)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="weights dtype for generation (auto: float32 on CPU, bfloat16 on CUDA)")
 

@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 import torch
 
-from agentrl.generators import WeightUpdate
+from agentrl.generators import Generator, WeightUpdate
 from agentrl.rollout.engine import RolloutEngine
 from agentrl.trajectory import TrajectoryGroup
 
@@ -67,13 +67,15 @@ class _Result:
 class RolloutAhead:
     """Background generation of future batches from a copy of the policy (see the module docstring).
 
-    ``make_generator(module)`` builds the generator over the copy; ``seed_of(step)`` is the
+    ``make_generator(module)`` builds the generator over the copy (the producer thread starts its
+    rollouts through ``run_rollouts``, so a generator built with ``host_rollouts=True`` decodes on
+    that thread: one torch thread, not two); ``seed_of(step)`` is the
     rollout seed the synchronous loop would use at ``step``; ``draw(n)`` on ``shadow`` draws tasks
     exactly as the trainer's ``TrainState.next_tasks`` does.
     """
 
     def __init__(
-        self, policy: torch.nn.Module, *, make_generator: Callable[[torch.nn.Module], Any], engine_of: Callable[[Any], RolloutEngine],
+        self, policy: torch.nn.Module, *, make_generator: Callable[[torch.nn.Module], Generator], engine_of: Callable[[Any], RolloutEngine],
         env: Any, train_data: Any, num_generations: int, tasks_per_batch: int, steps_per_generation: int, max_staleness: int,
         max_steps: int, seed_of: Callable[[int], int], version: int, device: torch.device, dtype: torch.dtype | None = None,
         timeout_s: float = 1800.0,
@@ -198,19 +200,13 @@ class RolloutAhead:
                 t0 = time.perf_counter()
                 self.generator.begin_rollout()
                 try:
-                    result.groups = self._hosted(lambda: anyio.run(lambda: self.engine.run(self.env, job.tasks, n=self.n, seed=job.seed)))
+                    result.groups = self.generator.run_rollouts(lambda: anyio.run(lambda: self.engine.run(self.env, job.tasks, n=self.n, seed=job.seed)))
                 finally:
                     self.generator.end_rollout()
                 result.seconds = time.perf_counter() - t0
             except BaseException as exc:  # noqa: BLE001 - handed to the trainer, which raises it
                 result.error = exc
             self._results.put(result)
-
-
-    def _hosted(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` while this thread decodes the generator's batches (one torch thread, not two)."""
-        host = getattr(self.generator, "run_hosted", None)
-        return host(fn) if host is not None else fn()
 
 
 def _copy_for_generation(policy: torch.nn.Module, device: torch.device, dtype: torch.dtype | None) -> torch.nn.Module:

@@ -33,7 +33,7 @@ per optimizer step, the same normalisers; only these pieces change.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -41,7 +41,7 @@ import torch
 from agentrl.logprobs import completion_logprobs
 
 if TYPE_CHECKING:  # the generator layer is imported only where used: benchmarks/fsdp_7b.py runs without pydantic
-    from agentrl.generators.base import Generation, SamplingParams
+    from agentrl.generators.base import Generation, SamplingParams, T
     from agentrl.generators.weights import WeightUpdate
 
 __all__ = ["GatheredGenerator", "ShardedPolicy", "ShardingError", "checkpoint_views", "lockstep_count", "shard_policy"]
@@ -197,13 +197,12 @@ class GatheredGenerator:
             raise ValueError("GatheredGenerator.load_weights: expected an update of the sharded policy it wraps")
         self.version = update.version
 
+    def run_rollouts(self, rollouts: Callable[[], T]) -> T:
+        """The wrapped backend's choice of thread (the copy is its model)."""
+        return self.inner.run_rollouts(rollouts)
+
     async def close(self) -> None:
         await self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:  # device, stats of the backend, run_hosted, ...
-        if name in ("inner", "policy", "copy"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 # -- checkpoints: full state dicts in, full state dicts out -----------------------------------------

@@ -1,12 +1,15 @@
 """Building what a training run needs, in the order that fails cheapest first.
 
-The environment, its datasets and the extra rewards are built and checked before any model loads
-(a typo in an environment must not cost a model load); then the policy, its reference model and
-the optimizer. Every user mistake becomes one ``ConfigError`` line naming the problem.
+The config from the Python API's keyword keys; the environment, its datasets and the extra
+rewards, built and checked before any model loads (a typo in an environment must not cost a model
+load); the accelerator and the run folder; then the optimizer and what the policy needs. Every
+user mistake becomes one ``ConfigError`` line naming the problem. The trainer calls these in
+that order and keeps only its loop.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib.util
 import json
 from pathlib import Path
@@ -14,10 +17,59 @@ from typing import Any
 
 import torch
 
-from agentrl.config import ConfigError
+from agentrl.checkpoint import open_run
+from agentrl.config import ConfigError, build, parse_overrides
+from agentrl.distributed import accelerator_handlers
 from agentrl.env import Environment, EnvError, Reward
 from agentrl.registry import UnknownEnvironment, load_object, make
 from agentrl.train_config import TrainConfig
+
+
+def config_from(config: TrainConfig | None, env: str | Environment | None, keys: dict[str, Any]) -> TrainConfig:
+    """``config`` with ``keys`` (CLI keys, dotted or nested) applied on top; an instance's class names the run."""
+    overrides = parse_overrides([f"{k}={json.dumps(v, default=str)}" for k, v in keys.items()])
+    if isinstance(env, Environment):
+        if "env_args" in overrides:
+            raise ConfigError("env_args: only for an environment given by name; pass the arguments to your Environment instance")
+        overrides["env"] = f"{type(env).__module__}:{type(env).__qualname__}"
+    elif env is not None:
+        overrides["env"] = env
+    if config is None:
+        return build(TrainConfig, overrides)
+    if not overrides:
+        return config
+    base = config.model_dump(exclude_unset=True)
+    return build(TrainConfig, _merge(base, overrides))
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def start_run(cfg: TrainConfig) -> tuple[Any, Path, bool]:
+    """The accelerator, the run folder and whether to compute in bf16 (``precision=auto``: where the
+    GPU has it). Rank 0 claims the folder (refusing another run's; on resume, cutting the logs back)
+    and writes ``config.json``; trackers start with the config."""
+    from accelerate import Accelerator
+
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}")
+    cuda = torch.cuda.is_available()
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+    # cpu=True without CUDA: under torchrun/accelerate launch that is gloo data parallel (else one process)
+    accelerator = Accelerator(
+        cpu=not cuda, mixed_precision="bf16" if bf16 else "no", log_with=list(cfg.report_to) or None, project_dir=str(run_dir),
+        kwargs_handlers=accelerator_handlers(cfg.distributed_timeout_s),
+    )
+    if accelerator.is_main_process:  # rank 0 alone writes logs, samples, checkpoints, the curve
+        open_run(run_dir, cfg.resume)
+        (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
+    if cfg.report_to:
+        accelerator.init_trackers("agentrl", config=json.loads(json.dumps(cfg.model_dump(), default=str)))
+    return accelerator, run_dir, bf16
 
 
 def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environment, Any]:

@@ -4,7 +4,8 @@ One optimizer step, read top to bottom in ``Trainer.train``:
 
 1. rollouts: ``prompts_per_step × steps_per_generation`` tasks, ``num_generations`` episodes each,
    through the same ``RolloutEngine`` that ``agentrl eval`` uses, between the generator's
-   ``begin_rollout`` and ``end_rollout``;
+   ``begin_rollout`` and ``end_rollout``; which tasks, and which groups are kept, is
+   ``GroupDraw``'s (agentrl/group_draw.py: curriculum, dynamic sampling, rollouts ahead);
 2. ``build_batch``: the typed ``Batch`` (rewards per turn, group-relative advantages per token);
 3. ``Learner.learn``: old/reference log-probs when needed, micro-batches, loss, optimizer step;
 4. ``generator.load_weights``: the new weights, however the backend takes them;
@@ -17,11 +18,7 @@ as ``agentrl train`` (dotted keys through ``**{"loss.beta": 0.04}``).
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import json
 import random
-import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,14 +28,13 @@ import anyio
 import torch
 
 from agentrl.batch import Batch, build_batch, reward_metrics
-from agentrl.checkpoint import open_run
-from agentrl.config import ConfigError, build, parse_overrides, require_backend
+from agentrl.config import ConfigError, require_backend
 from agentrl.curve import write_reward_curve
-from agentrl.distributed import accelerator_handlers, any_rank, gather, peer_failures, share
+from agentrl.distributed import any_rank, gather, peer_failures, share
 from agentrl.env import Environment
 from agentrl.generators import WeightUpdate, build_generator, run_with
-from agentrl.curriculum import Curriculum
-from agentrl.group_selection import GroupSelector, informative
+from agentrl.group_draw import GroupDraw, train_seed
+from agentrl.interrupt import stop_on_interrupt
 from agentrl.learner import Learner, LearnSettings
 from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
@@ -50,10 +46,12 @@ from agentrl.train_config import TrainConfig
 from agentrl.train_setup import (
     build_optimizer,
     check_trackers,
+    config_from,
     enable_gradient_checkpointing,
     generation_base,
     load_environment,
     peak_memory_gib,
+    start_run,
 )
 from agentrl.train_state import TrainState, resume_run, save_run
 from agentrl.trajectory import TrajectoryGroup
@@ -66,35 +64,19 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig | None = None, /, *, env: str | Environment | None = None, **keys: Any) -> None:
-        from accelerate import Accelerator
-
         from agentrl.chat import get_chat_format
         from agentrl.models import load_tokenizer, pad_token_id, resolve_model
 
         instance = env if isinstance(env, Environment) else None
-        cfg = self.cfg = _config(config, env, keys)
+        cfg = self.cfg = config_from(config, env, keys)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         # the environment first: its mistakes must not cost a model load
         self.env, self.train_data = load_environment(cfg, instance)
         check_trackers(cfg.report_to)
         require_backend(cfg.generator)
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        self.run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}")
-
-        cuda = torch.cuda.is_available()
-        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
-        # cpu=True without CUDA: under torchrun/accelerate launch that is gloo data parallel (else one process)
-        self.accelerator = Accelerator(
-            cpu=not cuda, mixed_precision="bf16" if bf16 else "no", log_with=list(cfg.report_to) or None, project_dir=str(self.run_dir),
-            kwargs_handlers=accelerator_handlers(cfg.distributed_timeout_s),
-        )
+        self.accelerator, self.run_dir, bf16 = start_run(cfg)
         self.is_main = self.accelerator.is_main_process  # rank 0 alone writes logs, samples, checkpoints, the curve
-        if self.is_main:  # claims the folder: refuses another run's; on resume, cuts the logs back
-            open_run(self.run_dir, cfg.resume)
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
-        if cfg.report_to:
-            self.accelerator.init_trackers("agentrl", config=json.loads(json.dumps(cfg.model_dump(), default=str)))
         path = resolve_model(cfg.model.path)
         self.tokenizer = load_tokenizer(cfg.model.path if not is_adapter_folder(path) else path)
         self.chat_format = get_chat_format(self.tokenizer, cfg.model.chat_format)
@@ -111,7 +93,7 @@ class Trainer:
             policy = shard_policy(policy, self.accelerator.device, bf16)
         elif cfg.distributed.strategy == "fsdp" and self.is_main:
             print("distributed.strategy=fsdp: one process, nothing to shard; training unsharded", flush=True)
-        optimizer, scheduler = build_optimizer(cfg, policy, cuda)
+        optimizer, scheduler = build_optimizer(cfg, policy, torch.cuda.is_available())
         if isinstance(policy, ShardedPolicy):  # sharded already: accelerate must not wrap it in DDP
             self.policy = policy
             self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
@@ -136,7 +118,6 @@ class Trainer:
             self.generator = GatheredGenerator(self.generator, self.policy, gathered)
         self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
-        self.curriculum = Curriculum(self.train_data, cfg.curriculum, cfg.seed) if cfg.curriculum.key else None
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
         self.ahead: RolloutAhead | None = None  # max_staleness > 0: background rollouts (agentrl/rollout_ahead.py)
@@ -148,12 +129,12 @@ class Trainer:
                 print(f"resumed from {where} at step {self.step}", flush=True)
                 if saved_world != self.accelerator.num_processes:  # the batch and data order are global: it continues the same run
                     print(f"resume: written by {saved_world} process(es), continuing with {self.accelerator.num_processes}", flush=True)
-            if self.curriculum is not None and self.state.curriculum is not None:
-                self.curriculum.load_state_dict(self.state.curriculum)
         if cfg.resume or kind == "adapter":
             self._sync_weights()  # a separate generator holds the base checkpoint's weights
         if cfg.max_staleness:
             self.ahead = self._rollouts_ahead(path, bf16)
+        # which tasks each step rolls out and which groups it keeps (curriculum, dynamic sampling, rollouts ahead)
+        self.draw = GroupDraw(cfg, self.train_data, self.state, lambda tasks, seed: self._rollout_shared(tasks, seed), self.ahead)
 
     @property
     def step(self) -> int:
@@ -174,23 +155,23 @@ class Trainer:
         cfg, state = self.cfg, self.state
         stopping = False
         try:
-            with RunLog(self.run_dir, self.accelerator) as log, _stop_on_interrupt() as stop, peer_failures(self.accelerator, cfg.distributed_timeout_s):
+            with RunLog(self.run_dir, self.accelerator) as log, stop_on_interrupt() as stop, peer_failures(self.accelerator, cfg.distributed_timeout_s):
                 if cfg.eval_every and state.step == 0:  # the "before" number, on the same tasks and seeds
                     before = self.evaluate(cfg.eval_tasks)
                     state.history.append({"step": 0, **before})
                     log.log(0, before)
                 while state.step < cfg.max_steps and not (stopping := any_rank(self.accelerator, stop.is_set())):
                     t_start = time.perf_counter()
-                    groups, drawn, rollout_s, selection = self._draw_groups()
+                    drawn = self.draw.next()
                     rollout_peak = peak_memory_gib()
-                    batch = build_batch(groups, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage)
+                    batch = build_batch(drawn.train, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage)
                     for metrics in self.learner.learn(batch, state.step):
                         state.step += 1
                         metrics.update(self._sync_weights())
-                        metrics.update(selection)
+                        metrics.update(drawn.metrics)
                         if rollout_peak is not None:
                             metrics["perf/peak_gib_rollout"], metrics["perf/peak_gib_train"] = rollout_peak, peak_memory_gib()
-                        self._finish_step(log, metrics, batch, drawn, rollout_s, time.perf_counter() - t_start)
+                        self._finish_step(log, metrics, batch, drawn.drawn, drawn.seconds, time.perf_counter() - t_start)
                         t_start = time.perf_counter()
                         if state.step >= cfg.max_steps or (stopping := any_rank(self.accelerator, stop.is_set())):
                             break
@@ -229,41 +210,6 @@ class Trainer:
         if (cfg.save_every and step % cfg.save_every == 0) or (step == cfg.max_steps and cfg.save_final):
             self.save()
 
-    def _draw_groups(self) -> tuple[list[TrajectoryGroup], list[TrajectoryGroup], float, dict[str, float]]:
-        """This step's groups to train on, every group rolled out for it, the rollout seconds and the
-        selection's metrics. Without dynamic sampling the two lists are the same; with it, groups
-        whose rewards do not vary are dropped and further tasks rolled out, ``max_rounds`` times at most."""
-        cfg, state = self.cfg, self.state
-        target = cfg.prompts_per_step * cfg.steps_per_generation
-        seed = self._train_seed(state.step)
-        if self.ahead is not None:  # rollouts made in the background (max_staleness > 0; no dynamic sampling or curriculum there)
-            groups, seconds = self.ahead.take(state, state.next_tasks(self.train_data, target), seed)
-            return groups, groups, seconds, {}
-        groups, seconds = self._rollout_shared(self._next_tasks(target), seed=seed)
-        if not cfg.dynamic_sampling.enabled:
-            return groups, groups, seconds, self._update_curriculum(groups)
-        selector = GroupSelector(target, cfg.dynamic_sampling)
-        selector.add(groups)
-        while n := selector.next_draw():
-            more, extra_s = self._rollout_shared(self._next_tasks(n), seed=seed + 100_003 * selector.rounds)
-            selector.add(more)
-            seconds += extra_s
-        return selector.selected(), selector.drawn, seconds, selector.metrics() | self._update_curriculum(selector.drawn)
-
-    def _next_tasks(self, n: int) -> list[dict[str, Any]]:
-        """The next ``n`` training tasks: the curriculum's draw, or the run's shuffled order."""
-        if self.curriculum is not None:
-            return self.curriculum.next_tasks(n)
-        return self.state.next_tasks(self.train_data, n)
-
-    def _update_curriculum(self, drawn: list[TrajectoryGroup]) -> dict[str, float]:
-        """Teach the curriculum which buckets' groups varied; its weights and rates as metrics."""
-        if self.curriculum is None:
-            return {}
-        self.curriculum.update(drawn, lambda g: informative(g, self.cfg.dynamic_sampling.min_std))
-        self.state.curriculum = self.curriculum.state_dict()
-        return self.curriculum.metrics()
-
     def _rollout_shared(self, tasks: list[dict[str, Any]], seed: int, n: int | None = None, engine: RolloutEngine | None = None) -> tuple[list[TrajectoryGroup], float]:
         """Every rank rolls out its contiguous block of ``tasks`` (environment seed ``seed + global
         index``, as one process would) and receives everyone's groups in task order; the time is the
@@ -300,10 +246,6 @@ class Trainer:
             out.update(self.ahead.step_metrics(self.state.step))
         return out
 
-    def _train_seed(self, step: int) -> int:
-        """The rollout seed of the generation batch drawn at ``step``."""
-        return self.cfg.seed * 1_000_003 + step * 7919
-
     def _rollouts_ahead(self, path: str, bf16: bool) -> RolloutAhead:
         """The background generator of ``max_staleness > 0``: a copy of the policy on ``rollout_device``."""
         cfg = self.cfg
@@ -311,10 +253,13 @@ class Trainer:
             raise ConfigError("max_staleness > 0 runs in one process for now; launch it without torchrun / accelerate launch")
         return RolloutAhead(
             self._module(), env=self.env, train_data=self.train_data, num_generations=cfg.num_generations,
-            make_generator=lambda module: build_generator(cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed, training_alongside=True),
+            make_generator=lambda module: build_generator(
+                cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed, host_rollouts=True,
+                training_alongside=True,
+            ),
             engine_of=lambda generator: RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling),
             tasks_per_batch=cfg.prompts_per_step * cfg.steps_per_generation, steps_per_generation=cfg.steps_per_generation,
-            max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=self._train_seed, version=self.state.step,
+            max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=lambda step: train_seed(cfg.seed, step), version=self.state.step,
             device=torch.device(cfg.rollout_device) if cfg.rollout_device else self.accelerator.device, dtype=torch.bfloat16 if bf16 else None,
             timeout_s=cfg.distributed_timeout_s,
         )
@@ -367,49 +312,3 @@ class Trainer:
     def _module(self) -> Any:
         return self.accelerator.unwrap_model(self.policy)
 
-
-def _config(config: TrainConfig | None, env: str | Environment | None, keys: dict[str, Any]) -> TrainConfig:
-    """``config`` with ``keys`` (CLI keys, dotted or nested) applied on top; an instance's class names the run."""
-    overrides = parse_overrides([f"{k}={json.dumps(v, default=str)}" for k, v in keys.items()])
-    if isinstance(env, Environment):
-        if "env_args" in overrides:
-            raise ConfigError("env_args: only for an environment given by name; pass the arguments to your Environment instance")
-        overrides["env"] = f"{type(env).__module__}:{type(env).__qualname__}"
-    elif env is not None:
-        overrides["env"] = env
-    if config is None:
-        return build(TrainConfig, overrides)
-    if not overrides:
-        return config
-    base = config.model_dump(exclude_unset=True)
-    return build(TrainConfig, _merge(base, overrides))
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-@contextlib.contextmanager
-def _stop_on_interrupt() -> Iterator[threading.Event]:
-    """A first Ctrl-C asks the loop to stop after the current step (the event is set); a second one
-    interrupts at once. Outside the main thread signals cannot be caught: the event stays unset."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None:  # installed outside Python: fall back to the usual KeyboardInterrupt
-        previous = signal.default_int_handler
-
-    def handler(signum: int, frame: Any) -> None:
-        stop.set()  # the loop says what happened, in one line, once the step is saved
-        signal.signal(signal.SIGINT, previous)
-
-    signal.signal(signal.SIGINT, handler)
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGINT, previous)

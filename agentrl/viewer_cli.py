@@ -6,8 +6,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from pydantic import Field
+
+from agentrl.config_help import format_help
+from agentrl.strict import Strict
 from agentrl.viewer import USAGE, Decoder, ViewError, find_input, load_tokenizer, read_episodes, tokenizer_candidates
 from agentrl.viewer_html import render_page
+
+
+class ViewOptions(Strict):
+    """``agentrl view``'s keys, for ``--help`` and for ``parse_args``'s list of known keys."""
+
+    source: str = Field(description="a run folder (its samples.jsonl), an eval folder, or a results.jsonl / samples.jsonl file; 'source=' may be left out")
+    out: str | None = Field(None, description="the HTML file to write (None: view.html in the folder given, else the input's name with .html)")
+    tokenizer: str | None = Field(None, description="a tokenizer folder or hub id to decode tokens with, or 'none' for ids only (None: the run's own: its latest checkpoint's, else its configured model's)")
 
 
 def parse_args(args: list[str]) -> dict[str, str]:
@@ -18,7 +30,7 @@ def parse_args(args: list[str]) -> dict[str, str]:
             if "source" in opts:
                 raise ViewError(f"one input at a time: got {opts['source']!r} and {arg!r}\n{USAGE}")
             opts["source"] = arg
-        elif key in ("source", "out", "tokenizer"):
+        elif key in ViewOptions.model_fields:
             opts[key] = value
         else:
             raise ViewError(f"unknown option {key!r} (known: out=, tokenizer=)\n{USAGE}")
@@ -42,8 +54,8 @@ def build_page(source: str | Path, tokenizer: str | None = None) -> tuple[str, i
 
 
 def main(args: list[str]) -> int:
-    if any(a in ("-h", "--help", "help") for a in args[:1]):
-        print(USAGE)
+    if any(a in ("-h", "--help", "help") for a in args):
+        print(format_help(f"{USAGE}\n\nwrite an HTML page of a run's or an eval's trajectories", ViewOptions, config_files=False))
         return 0
     try:
         opts = parse_args(args)

@@ -37,10 +37,11 @@ def test_command_help_lists_every_key(command, capsys):
     assert code == 0 and "expected key=value" not in out
     from agentrl.cli import _load
 
-    keys = [k for k, *_ in config_keys(_load(COMMANDS[command][2]))]
-    assert keys
-    for key in keys:
-        assert f"\n  {key}  " in out, key
+    rows = config_keys(_load(COMMANDS[command][2]))
+    assert rows
+    for key, kind, default, doc in rows:
+        assert f"\n  {key}  {kind}  (default: {default})\n      {doc}\n" in out + "\n", key
+        assert doc, f"agentrl {command} --help: {key} has no description"
 
 
 def test_train_help_shows_train_defaults_types_and_descriptions(capsys):
@@ -60,6 +61,8 @@ def test_help_in_any_position_and_for_commands_without_keys(capsys):
     assert code == 0 and "takes no keys" in out
     code, out = run(capsys, "view", "--help")
     assert code == 0 and "usage: agentrl view" in out
+    for key in ("source  str  (default: required)", "out  str | null  (default: null)", "tokenizer  str | null  (default: null)"):
+        assert f"\n  {key}\n      " in out, key
 
 
 @pytest.mark.parametrize("model", [TrainConfig, EvalConfig])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import inspect
 import re
+import threading
 from pathlib import Path
 
 import anyio
@@ -16,12 +17,13 @@ import pytest
 import torch
 import transformers
 
-from agentrl.generators import Generator, SamplingParams, WeightUpdate
+from agentrl.generators import Generator, SamplingParams, WeightUpdate, run_with
 from agentrl.generators.transformers import TransformersGenerator
 from agentrl.generators.vllm import VLLMGenerator
 from agentrl.generators.vllm_client import VLLMServerGenerator
+from agentrl.sharded import GatheredGenerator
 
-LIFECYCLE = ("generate", "begin_rollout", "end_rollout", "load_weights", "close")
+LIFECYCLE = ("generate", "begin_rollout", "end_rollout", "load_weights", "run_rollouts", "close")
 PROMPT = [5, 9, 13, 2]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 
@@ -43,19 +45,21 @@ def generate(gen, prompt=PROMPT, sampling=GREEDY):
         gen.end_rollout()
 
 
-@pytest.mark.parametrize("cls", [TransformersGenerator, VLLMGenerator, VLLMServerGenerator])
+@pytest.mark.parametrize("cls", [TransformersGenerator, VLLMGenerator, VLLMServerGenerator, GatheredGenerator])
 def test_every_backend_declares_the_protocol(cls):
     for name in LIFECYCLE:
-        assert callable(getattr(cls, name, None)), f"{cls.__name__}.{name}"
+        assert name in vars(cls) and callable(vars(cls)[name]), f"{cls.__name__}.{name}"  # its own, not found through __getattr__
     assert list(inspect.signature(cls.load_weights).parameters) == ["self", "update"]
+    assert list(inspect.signature(cls.run_rollouts).parameters) == ["self", "rollouts"]
 
 
 def test_trainer_never_asks_which_backend():
-    """No hasattr on generators and no backend names in the training side."""
+    """No hasattr/getattr/isinstance on generators and no backend names in the training side."""
     root = Path(__file__).resolve().parents[1] / "agentrl"
     for path in root.rglob("*.py"):
         text = path.read_text()
-        assert not re.search(r"hasattr\([^)]*generator", text), path
+        assert not re.search(r"(hasattr|getattr)\(\s*[\w.]*(generator|gen|inner)\b", text), path
+        assert not re.search(r"isinstance\([^)]*(Generator|generator)", text), path
     for name in ("trainer.py", "learner.py", "batch.py", "train_state.py"):
         text = (root / name).read_text()
         for word in ("vllm", "VLLM", "TransformersGenerator", "release_memory", "sleep("):
@@ -139,3 +143,51 @@ def test_lora_update_reads_merged_full_weights_and_the_adapter(tmp_path):
         assert lora
     with pytest.raises(ValueError, match="only a LoRA adapter"), saved.full():
         pass
+
+
+class _Rollouts:
+    """A rollout that records which thread its event loop ran on and which ran the model."""
+
+    def __init__(self, gen):
+        self.gen, self.loop_thread, self.model_threads = gen, None, set()
+        model = gen.model
+        self.hook = model.register_forward_hook(lambda *_: self.model_threads.add(threading.get_ident()))
+
+    def __call__(self):
+        async def main():
+            self.loop_thread = threading.get_ident()
+            return await self.gen.generate(PROMPT, GREEDY)
+
+        return anyio.run(main)
+
+
+@pytest.mark.parametrize("host", [None, True, False], ids=["default", "hosted", "model-thread"])
+def test_run_rollouts_lets_the_backend_pick_the_thread(host):
+    """``run_with`` starts every rollout through ``Generator.run_rollouts``: the transformers backend
+    on CPU (by default, or when asked) runs the model on the calling thread and the event loop on a
+    helper; otherwise on its own model thread. Same tokens either way; a wrapper passes it through."""
+    gen = TransformersGenerator(tiny_model(5), pad_token_id=0, host_rollouts=host)
+    assert gen.host_rollouts is (host if host is not None else True)  # CPU here
+    rollouts = _Rollouts(gen)
+    out = gen.run_rollouts(rollouts)
+    caller = threading.get_ident()
+    if gen.host_rollouts:
+        assert rollouts.model_threads == {caller} and rollouts.loop_thread != caller
+    else:
+        assert caller not in rollouts.model_threads and rollouts.loop_thread == caller
+    assert out.token_ids == generate(TransformersGenerator(tiny_model(5), pad_token_id=0)).token_ids
+    rollouts.hook.remove()
+    anyio.run(gen.close)
+
+
+def test_run_with_goes_through_a_wrapper():
+    """FSDP2's ``GatheredGenerator`` hands ``run_rollouts`` to the backend it wraps (no attribute
+    lookups through it): a CPU transformers backend inside still serves on the calling thread."""
+    inner = TransformersGenerator(tiny_model(6), pad_token_id=0)
+    wrapped = GatheredGenerator(inner, policy=None, copy=inner.model)  # no rollout lifecycle here: nothing is gathered
+    rollouts = _Rollouts(inner)
+    out = run_with(wrapped, lambda: rollouts.gen.generate(PROMPT, GREEDY))
+    assert rollouts.model_threads == {threading.get_ident()}
+    assert len(out.token_ids) > 0
+    rollouts.hook.remove()
+    anyio.run(inner.close)

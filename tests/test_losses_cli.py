@@ -1,9 +1,11 @@
-"""A loss of the user's own, selected by name from the CLI, trains the bundled model."""
+"""A loss of the user's own (an installed plugin, or a plain file), selected from the CLI, trains the bundled model."""
 
 from __future__ import annotations
 
 import json
 import sys
+
+import pytest
 
 from agentrl.cli import main
 from agentrl.losses import LOSSES
@@ -31,9 +33,9 @@ SMALL = [
 ]
 
 
-def test_user_loss_selected_by_name_trains_two_steps(tmp_path, monkeypatch, capsys):
-    # An installed plugin: a module plus an entry point in the ``agentrl.losses`` group, the way a
-    # pip-installed package publishes it (a .dist-info folder on sys.path).
+def install_plugin(tmp_path, monkeypatch) -> str:
+    """An installed plugin: a module plus an entry point in the ``agentrl.losses`` group, the way a
+    pip-installed package publishes it (a .dist-info folder on sys.path). Selected by its name."""
     site = tmp_path / "site"
     (site / "my_agentrl_losses").mkdir(parents=True)
     (site / "my_agentrl_losses" / "__init__.py").write_text(PLUGIN)
@@ -42,9 +44,22 @@ def test_user_loss_selected_by_name_trains_two_steps(tmp_path, monkeypatch, caps
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-agentrl-losses\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[agentrl.losses]\ntest_plugin_reinforce = my_agentrl_losses\n")
     monkeypatch.syspath_prepend(str(site))
+    return "test_plugin_reinforce"
+
+
+def user_file(tmp_path, monkeypatch) -> str:
+    """A plain file of the user's, nothing installed: selected as ``path/to/file.py:name``."""
+    path = tmp_path / "my_losses.py"
+    path.write_text(PLUGIN)
+    return f"{path}:test_plugin_reinforce"
+
+
+@pytest.mark.parametrize("source", [install_plugin, user_file], ids=["installed-plugin", "user-file"])
+def test_user_loss_selected_by_name_trains_two_steps(source, tmp_path, monkeypatch, capsys):
+    loss_type = source(tmp_path, monkeypatch)
     out = tmp_path / "run"
     try:
-        code = main(["train", "env=calculator", *SMALL, "loss.loss_type=test_plugin_reinforce", f"output_dir={out}"])
+        code = main(["train", "env=calculator", *SMALL, f"loss.loss_type={loss_type}", f"output_dir={out}"])
         assert code == 0, capsys.readouterr().err
         steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [s["step"] for s in steps] == [1, 2]

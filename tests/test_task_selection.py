@@ -10,8 +10,10 @@ import pytest
 from agentrl.config import ConfigError, build, parse_overrides
 from agentrl.curriculum import Curriculum, CurriculumSettings
 from agentrl.environments.calculator import CalculatorEnv
+from agentrl.group_draw import GroupDraw, train_seed
 from agentrl.group_selection import DynamicSampling, GroupSelector, informative
 from agentrl.registry import register
+from agentrl.train_state import TrainState
 from agentrl.train_config import TrainConfig
 from agentrl.trainer import Trainer
 from agentrl.trajectory import Trajectory, TrajectoryGroup
@@ -51,6 +53,43 @@ def test_selector_keeps_varied_groups_refills_and_stops_at_its_bound():
     assert stuck.rounds == 3, "one first round plus max_rounds refills"
     assert stuck.next_draw() == 0
     assert len(stuck.selected()) == 2, "nothing varied: the step still trains on the first groups drawn"
+
+
+class ScriptedRollout:
+    """A rollout whose groups vary exactly for tasks with an even ``i``; records every call."""
+
+    def __init__(self):
+        self.calls: list[tuple[list[int], int]] = []
+
+    def __call__(self, tasks, seed):
+        self.calls.append(([t["i"] for t in tasks], seed))
+        groups = [TrajectoryGroup(task=t, seed=seed, trajectories=[Trajectory(task=t, seed=seed, reward=r) for r in ([0, 1] if t["i"] % 2 == 0 else [1, 1])]) for t in tasks]
+        return groups, 0.5
+
+
+def test_group_draw_refills_with_the_round_seed_and_reports_what_it_kept():
+    """GroupDraw, the trainer's only source of groups: the run's task order, the batch's seed,
+    dynamic sampling's refill rounds (seed + 100_003 x round), the selection's metrics."""
+    data = [{"i": i} for i in range(40)]
+    base = ["prompts_per_step=2", "steps_per_generation=2", "seed=5"]
+    plain_rollout, ds_rollout = ScriptedRollout(), ScriptedRollout()
+    plain_state, ds_state = TrainState.start(len(data), 5), TrainState.start(len(data), 5)
+    plain = GroupDraw(build(TrainConfig, parse_overrides(base)), data, plain_state, plain_rollout)
+    ds = GroupDraw(build(TrainConfig, parse_overrides([*base, "dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=3"])), data, ds_state, ds_rollout)
+    order = [data[i]["i"] for i in plain_state.order]
+
+    step = plain.next()
+    assert step.train is step.drawn and len(step.train) == 4 and step.metrics == {} and step.seconds == 0.5
+    assert plain_rollout.calls == [(order[:4], train_seed(5, 0))]
+
+    step = ds.next()
+    first = ds_rollout.calls[0]
+    assert first == (order[:4], train_seed(5, 0))
+    assert all(s == train_seed(5, 0) + 100_003 * r for r, (_, s) in enumerate(ds_rollout.calls))
+    assert [t for tasks, _ in ds_rollout.calls for t in tasks] == order[: sum(len(t) for t, _ in ds_rollout.calls)]
+    assert all(g.task["i"] % 2 == 0 for g in step.train) and len(step.drawn) > len(step.train)
+    assert step.metrics["sampling/rounds"] == len(ds_rollout.calls) and step.seconds == 0.5 * len(ds_rollout.calls)
+    assert step.metrics["sampling/groups_drawn"] == len(step.drawn)
 
 
 def test_curriculum_draws_more_from_informative_buckets_and_keeps_a_floor():

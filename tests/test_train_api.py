@@ -59,14 +59,14 @@ def test_environment_instance_and_extra_reward_get_the_real_episode_state(tmp_pa
 
 def test_config_object_with_keyword_overrides(tmp_path):
     cfg = TrainConfig(max_steps=5, seed=3)
-    from agentrl.trainer import _config
+    from agentrl.train_setup import config_from
 
-    merged = _config(cfg, "calculator", {"max_steps": 2, "loss.beta": 0.1})
+    merged = config_from(cfg, "calculator", {"max_steps": 2, "loss.beta": 0.1})
     assert (merged.max_steps, merged.seed, merged.loss.beta, merged.env) == (2, 3, 0.1, "calculator")
     with pytest.raises(ConfigError, match="learning_rat: unknown key"):
-        _config(None, None, {"learning_rat": 1e-3})
+        config_from(None, None, {"learning_rat": 1e-3})
     with pytest.raises(ConfigError, match="env_args: only for an environment given by name"):
-        _config(None, CalculatorEnv(num_train=4, num_test=4), {"env_args": {"seed": 1}})
+        config_from(None, CalculatorEnv(num_train=4, num_test=4), {"env_args": {"seed": 1}})
 
 
 @pytest.fixture

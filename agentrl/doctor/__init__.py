@@ -36,8 +36,8 @@ class DoctorConfig(Strict):
     training_template: bool = Field(True, description="allow a format's verified training template, as training does")
     check_model: bool = Field(False, description="also load the model: vocabulary size and one greedy turn")
     env: str | None = Field(None, description="with check_model: generate from this environment's first test task")
-    max_new_tokens: int = Field(128, ge=1)
-    device: str | None = None
+    max_new_tokens: int = Field(128, ge=1, description="with check_model: the greedy turn's token budget (not stopping within it is reported)")
+    device: str | None = Field(None, description="with check_model: where to load the model (cpu, cuda, cuda:1 ...; None: cuda when available)")
     strict: bool = Field(False, description="warnings fail too (exit 1)")
     as_json: bool = Field(False, alias="json", description="machine-readable output")
 

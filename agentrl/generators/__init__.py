@@ -9,21 +9,14 @@ from agentrl.generators.weights import WeightUpdate
 __all__ = ["FinishReason", "Generation", "Generator", "SamplingConfig", "SamplingParams", "WeightUpdate", "build_generator", "run_with"]
 
 
-def run_with(generator: Any, fn: Any, *args: Any) -> Any:
-    """``anyio.run(fn, *args)``; a CPU transformers generator meanwhile runs its batches on this thread.
-
-    One thread for all torch work on CPU: a generator worker thread has its own OpenMP team, and
-    two live teams make every parallel op slower on a small machine
-    (``TransformersGenerator.run_hosted``). Train and eval both start rollouts through here.
-    """
+def run_with(generator: Generator, fn: Any, *args: Any) -> Any:
+    """``anyio.run(fn, *args)`` started through ``generator.run_rollouts``, which picks the thread
+    that does the generator's compute meanwhile (the transformers backend on CPU: this one, with
+    the event loop on a helper; ``TransformersGenerator.run_hosted``). Train and eval both start
+    rollouts through here."""
     import anyio
 
-    from agentrl.generators.transformers import TransformersGenerator
-
-    inner = getattr(generator, "inner", generator)  # a wrapper's backend (agentrl/sharded.py's GatheredGenerator)
-    if isinstance(inner, TransformersGenerator) and inner.device.type == "cpu":
-        return inner.run_hosted(lambda: anyio.run(fn, *args))
-    return anyio.run(fn, *args)
+    return generator.run_rollouts(lambda: anyio.run(fn, *args))
 
 
 def build_generator(
@@ -36,6 +29,7 @@ def build_generator(
     seed: int = 0,
     train_dtype: Any = None,
     training_alongside: bool = False,
+    host_rollouts: bool | None = None,
 ) -> Generator:
     """The generator ``settings`` (a ``config.GeneratorSettings``) asks for; training and eval share it.
 
@@ -48,6 +42,8 @@ def build_generator(
     model from a copy in that dtype (``TransformersGenerator(weights_dtype=...)``).
     ``training_alongside``: a learner trains on another thread while this generator decodes
     (rollouts ahead; see ``TransformersGenerator``).
+    ``host_rollouts``: serve the transformers backend's batches on the thread that runs the
+    rollouts (None: on CPU only); the vLLM backends compute in their own engine and ignore it.
     """
     backend = settings.backend
     if backend == "transformers":
@@ -62,7 +58,7 @@ def build_generator(
         return TransformersGenerator(
             model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size,
             gather_window_s=settings.gather_window_s, static_cache=cuda_graphs,
-            compile_decode=compile_decode, weights_dtype=train_dtype if copy else None,
+            compile_decode=compile_decode, weights_dtype=train_dtype if copy else None, host_rollouts=host_rollouts,
             training_alongside=training_alongside,
         )
     if backend == "vllm":

@@ -9,8 +9,9 @@ recomputes exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import ConfigDict, Field
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from agentrl.generators.weights import WeightUpdate
 
 FinishReason = Literal["stop", "length", "abort"]
+T = TypeVar("T")
 
 
 class SamplingConfig(Strict):
@@ -79,6 +81,10 @@ class Generator(Protocol):
     policy weights. All three are synchronous and idempotent, and must not be called while a
     ``generate`` is in flight. ``WeightUpdate`` can be read in this process or from a path, so the
     same calls fit a generator in another process.
+
+    ``run_rollouts(rollouts)`` is how a caller starts the event loop that awaits ``generate``
+    (train, eval and the background rollouts all do): the backend decides which thread does its
+    compute meanwhile, so no caller asks which backend (or wrapper) it holds.
     """
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
@@ -88,5 +94,13 @@ class Generator(Protocol):
     def end_rollout(self) -> None: ...
 
     def load_weights(self, update: WeightUpdate) -> None: ...
+
+    def run_rollouts(self, rollouts: Callable[[], T]) -> T:
+        """Call ``rollouts`` (it runs an event loop whose tasks await ``generate``) and return its
+        result. A backend that computes on this process's CPU may serve its batches on the calling
+        thread meanwhile and run ``rollouts`` on a helper thread (one thread for all torch work,
+        ``TransformersGenerator.run_hosted``); a backend whose engine has its own threads or
+        processes just calls it."""
+        ...
 
     async def close(self) -> None: ...

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import torch
 
-from agentrl.generators.base import FinishReason, Generation, SamplingParams
+from agentrl.generators.base import FinishReason, Generation, SamplingParams, T
 from agentrl.generators.sampling import sample_next
 from agentrl.generators.weights import WeightUpdate, normalize_named_tensors
 
@@ -152,6 +152,9 @@ class TransformersGenerator:
 
     ``training_alongside``: a learner runs forwards on another thread while this generator
     decodes (rollouts ahead); process-global switches are then set once, never per batch.
+    ``host_rollouts``: whether ``run_rollouts`` serves the batches on the calling thread
+    (``run_hosted``) rather than on a model thread of its own; default (None): on CPU only, where
+    a second thread doing torch work costs every op a kernel wake-up.
     """
 
     def __init__(
@@ -166,6 +169,7 @@ class TransformersGenerator:
         compile_decode: bool = False,
         weights_dtype: torch.dtype | None = None,
         training_alongside: bool = False,
+        host_rollouts: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -187,6 +191,7 @@ class TransformersGenerator:
         self._training_alongside = training_alongside
         if training_alongside and self.device.type == "cuda":
             torch.backends.cuda.enable_cudnn_sdp(False)  # see _attention_backends
+        self.host_rollouts = self.device.type == "cpu" if host_rollouts is None else host_rollouts
         self.vocab_size = model.get_input_embeddings().num_embeddings
         signature = inspect.signature(model.forward).parameters
         self._keep_last_logits = "logits_to_keep" in signature
@@ -372,6 +377,11 @@ class TransformersGenerator:
 
     def _worker(self) -> None:
         self._serve(None)
+
+    def run_rollouts(self, rollouts: Callable[[], T]) -> T:
+        """``run_hosted(rollouts)`` when ``host_rollouts`` (by default on CPU), else ``rollouts()``
+        with the batches on the model thread."""
+        return self.run_hosted(rollouts) if self.host_rollouts else rollouts()
 
     def run_hosted(self, fn: Callable[[], Any]) -> Any:
         """Call ``fn`` on a helper thread while the calling thread runs the batches; return its result.

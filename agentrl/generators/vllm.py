@@ -15,14 +15,14 @@ import logging
 import os
 import threading
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import torch
 
-from agentrl.generators.base import Generation, SamplingParams
+from agentrl.generators.base import Generation, SamplingParams, T
 from agentrl.generators.transformers import GenerationError, GeneratorClosedError, _notifier
 from agentrl.generators.weights import WeightUpdate
 from agentrl.generators.vllm_common import (
@@ -209,6 +209,10 @@ class VLLMGenerator:
         """New policy weights: full weights (LoRA merged) reloaded in place."""
         with update.full() as named:
             self.update_weights(named)
+
+    def run_rollouts(self, rollouts: Callable[[], T]) -> T:
+        """Just ``rollouts()``: the engine steps on its own thread whichever thread awaits it."""
+        return rollouts()
 
     # ----------------------------------------------------------------- weights and memory (sync)
 

@@ -32,12 +32,12 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from agentrl.generators.base import Generation, SamplingParams
+from agentrl.generators.base import Generation, SamplingParams, T
 from agentrl.generators.http_guard import TOKEN_ENV
 
 if TYPE_CHECKING:
@@ -209,6 +209,10 @@ class VLLMServerGenerator:
         """New policy weights: full weights (LoRA merged) pushed to the server (``update_weights``)."""
         with update.full() as named:
             self.update_weights(named)
+
+    def run_rollouts(self, rollouts: Callable[[], T]) -> T:
+        """Just ``rollouts()``: the compute is the server's, in another process."""
+        return rollouts()
 
     async def close(self) -> None:
         """Close pooled connections; the server keeps running (it belongs to whoever started it)."""

@@ -71,14 +71,14 @@ other than a loopback address."""
 class ServeConfig(Strict):
     model: str = Field("default", description="'default' (bundled), or a local model folder")
     host: str = Field("127.0.0.1", description="0.0.0.0 to accept trainers on other machines")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="TCP port to listen on")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: float32 on CPU, bfloat16 on CUDA")
-    max_model_len: int | None = Field(None, ge=16)
+    max_model_len: int | None = Field(None, ge=16, description="longest prompt + completion in tokens (None: the model's own limit)")
     max_num_seqs: int = Field(256, ge=1, description="sequences the engine batches at once")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU only")
     enforce_eager: bool | None = Field(None, description="None: eager on CPU (compiling costs ~30 s, gains little), CUDA graphs on GPU")
-    seed: int = 0
-    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    seed: int = Field(0, description="the engine's random seed")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("warning", description="the HTTP server's log level")
     token: str | None = Field(None, min_length=1, description=f"bearer token clients must send (default: ${TOKEN_ENV}); required off loopback")
     max_body_mb: float = Field(16.0, gt=0, description="largest request body of the JSON endpoints")
     max_push_mb: float | None = Field(None, gt=0, description="largest /update_weights body; None: 4 bytes per model parameter + 64 MB")
