@@ -6,9 +6,11 @@ is then solved by breadth-first search; its optimal move count is stored with th
 difficulty measure, and the scripted policy of ``solve``). The test split has its own seed and any
 board that also appears in train is removed from train.
 
-Rewards: ``solved`` (episode, 1 when every box is on a target) and ``progress`` (per turn: +0.5 for
+Rewards: ``solved`` (episode, 1 when every box is on a target), ``progress`` (per turn: +0.5 for
 each box pushed onto a target in that turn, -0.5 for each pushed off, minus ``step_cost``), so
-per-turn credit assignment has something to work with. The episode ends when the puzzle is solved,
+per-turn credit assignment has something to work with, and ``format`` (per turn: -1 x
+``format_weight`` for a turn with a malformed call; without it RL erodes the call syntax of a small
+model within a few steps, docs/environments.md). The episode ends when the puzzle is solved,
 when the model answers without a tool call, or after ``max_turns``.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from agentrl.dispatch import MALFORMED
 from agentrl.env import Message, Reward, StepResult, ToolEnvironment
 from agentrl.tool import Tool, ToolError
 
@@ -193,6 +196,13 @@ class Move(Tool):
         return f"{note}\n{new.render()}\n{status}"
 
 
+def malformed_turn(state: dict[str, Any], tool_records: list[Any]) -> float:
+    """-1 when a call of this turn was malformed (bad JSON, bad arguments, unknown tool), else 0."""
+    new = tool_records[state.get("format_scored", 0) :]
+    state["format_scored"] = len(tool_records)
+    return -1.0 if any(r.kind in MALFORMED for r in new) else 0.0
+
+
 def solved(state: dict[str, Any]) -> float:
     """1 when every box is on a target at the end of the episode."""
     board = state.get("board")
@@ -211,9 +221,24 @@ class SokobanEnv(ToolEnvironment):
         max_turns: assistant turns before the episode is truncated.
         progress_weight: weight of the per-turn progress reward (0 disables it).
         step_cost: subtracted from the progress reward for every turn.
+        format_weight: weight of the per-turn format penalty (0 disables it).
     """
 
     system_prompt = SYSTEM_PROMPT
+    # The settings of the RL run on the starting model of `scripts/train_default_model.py --env
+    # sokoban` measured in docs/environments.md (about 15 minutes on two CPU cores): per-turn credit
+    # from the progress reward, short training episodes (most levels need 1-3 moves; eval keeps the
+    # environment's 12 turns). Larger learning rates (2e-4, 5e-4) wrecked the call syntax within
+    # 2-6 steps there.
+    train_defaults = {
+        "advantage": "turn",
+        "max_steps": 10,
+        "prompts_per_step": 8,
+        "num_generations": 8,
+        "learning_rate": 1e-4,
+        "sampling": {"temperature": 1.0},
+        "rollout": {"max_turns": 4, "max_tokens_per_turn": 32, "max_completion_tokens": 320},
+    }
 
     def __init__(
         self,
@@ -226,6 +251,7 @@ class SokobanEnv(ToolEnvironment):
         max_turns: int = 12,
         progress_weight: float = 1.0,
         step_cost: float = 0.02,
+        format_weight: float = 0.2,
     ) -> None:
         if not 5 <= size <= 9:
             raise ValueError(f"sokoban size must be 5 to 9, got {size}")
@@ -234,6 +260,8 @@ class SokobanEnv(ToolEnvironment):
         rewards = [Reward(solved, name="solved")]
         if progress_weight:
             rewards.append(Reward(self._progress, weight=progress_weight, name="progress", per_turn=True))
+        if format_weight:
+            rewards.append(Reward(malformed_turn, weight=format_weight, name="format", per_turn=True))
         super().__init__(tools=[Move()], rewards=rewards, max_turns=max_turns)
         self.size, self.boxes, self.pulls = size, boxes, pulls
         self.num_train, self.num_test, self.seed, self.step_cost = num_train, num_test, seed, step_cost

@@ -144,7 +144,7 @@ def test_environment_train_defaults_apply_where_the_user_sets_nothing():
     calc = build(TrainConfig, parse_overrides([]))  # the default environment is the calculator, tuned for 120 steps
     assert (calc.advantage, calc.max_steps) == ("turn", 120)
     assert build(TrainConfig, parse_overrides(["advantage=episode"])).advantage == "episode"
-    other = build(TrainConfig, parse_overrides(["env=sokoban"]))
+    other = build(TrainConfig, parse_overrides(["env=math_python"]))
     assert (other.advantage, other.max_steps) == ("episode", 60), "an environment without train_defaults gets the global ones"
     assert build(TrainConfig, parse_overrides(["env=no-such-env"])).advantage == "episode", "unknown names fail later, in one place"
 
