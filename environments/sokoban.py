@@ -225,21 +225,6 @@ class SokobanEnv(ToolEnvironment):
     """
 
     system_prompt = SYSTEM_PROMPT
-    # The settings of the RL run on the starting model of `scripts/train_default_model.py --env
-    # sokoban` measured in docs/environments.md (about 15 minutes on two CPU cores): per-turn credit
-    # from the progress reward, short training episodes (most levels need 1-3 moves; eval keeps the
-    # environment's 12 turns). Larger learning rates (2e-4, 5e-4) wrecked the call syntax within
-    # 2-6 steps there.
-    train_defaults = {
-        "advantage": "turn",
-        "max_steps": 10,
-        "prompts_per_step": 8,
-        "num_generations": 8,
-        "learning_rate": 1e-4,
-        "sampling": {"temperature": 1.0},
-        "rollout": {"max_turns": 4, "max_tokens_per_turn": 32, "max_completion_tokens": 320},
-    }
-
     def __init__(
         self,
         size: int = 6,
