@@ -282,8 +282,8 @@ def test_resume_restores_the_curriculum_from_the_checkpoint(tmp_path):
     Trainer(train_config(tmp_path, "max_steps=1", *CURRICULUM)).train()
     saved = json.loads((tmp_path / "checkpoints" / "step-000001" / "trainer_state.json").read_text())["curriculum"]
     resumed = Trainer(train_config(tmp_path, "max_steps=2", "resume=latest", *CURRICULUM))
-    assert resumed.step == 1 and resumed.curriculum is not None
-    assert resumed.curriculum.state_dict() == saved
+    assert resumed.step == 1 and resumed.draw.curriculum is not None
+    assert resumed.draw.curriculum.state_dict() == saved
     assert sum(saved["pos"].values()) > 0, "the first step drew tasks, so a fresh curriculum would differ"
 
 

@@ -58,6 +58,6 @@ def interrupt_and_resume(tmp_path, extra: list[str]) -> None:
     assert resumed.step == step
     if extra:
         saved = json.loads((ckpt / "trainer_state.json").read_text())["curriculum"]
-        assert resumed.curriculum is not None and resumed.curriculum.state_dict() == saved
+        assert resumed.draw.curriculum is not None and resumed.draw.curriculum.state_dict() == saved
     resumed.train()
     assert (run / "checkpoints" / f"step-{step + 1:06d}" / "trainer_state.json").is_file()
