@@ -22,7 +22,7 @@ from typing import Any
 
 from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.qwen3_xml import _convert, _param_types
-from agentrl.chat.parsers.reasoning import split_reasoning
+from agentrl.chat.parsers.reasoning import split_calls
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
 
@@ -45,16 +45,9 @@ class Glm4Parser(ResponseParser):
     def parse_with_tools(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedResponse:
         if not text.strip():
             return ParsedResponse(content="", issues=[ParseIssue("empty", "no reasoning, content or tool call")])
-        split = split_reasoning(text)
-        issues = list(split.issues)
-        if split.reasoning and OPEN in split.reasoning:
-            issues.append(ParseIssue("call_in_reasoning", f"{OPEN} inside the reasoning (not executed)"))
+        split = split_calls(text, OPEN, CLOSE)
+        issues, rest, first, content = split.issues, split.rest, split.first, split.content
         types = _param_types(tools)
-        rest = split.rest
-        first = rest.find(OPEN)
-        content = rest if first == -1 else rest[:first]
-        if CLOSE in content:
-            issues.append(ParseIssue("stray_tag", f"{CLOSE} without a matching {OPEN}"))
         calls: list[ToolCall] = []
         finder = Finder(rest)
         pos, attempts = first, 0

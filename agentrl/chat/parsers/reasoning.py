@@ -40,3 +40,28 @@ def split_reasoning(text: str, open_tag: str = "<think>", close_tag: str = "</th
         if tag in rest:
             issues.append(ParseIssue("stray_tag", f"{tag} after the reasoning block ({rest.count(tag)}x)"))
     return ReasoningSplit(reasoning.strip(), rest, issues=issues)
+
+
+@dataclass
+class CallText:
+    """A response cut up for a parser of tagged calls: what the calls' scan needs."""
+
+    reasoning: str | None
+    rest: str  # the text outside the reasoning block
+    first: int  # where the first call opens in ``rest`` (-1: none)
+    content: str  # the text before the first call
+    issues: list[ParseIssue]
+
+
+def split_calls(text: str, open_tag: str, close_tag: str) -> CallText:
+    """Split off the reasoning, then the content before the first ``open_tag``; a call opened
+    inside the reasoning and a ``close_tag`` in the content are issues. Never raises."""
+    split = split_reasoning(text)
+    issues = list(split.issues)
+    if split.reasoning and open_tag in split.reasoning:
+        issues.append(ParseIssue("call_in_reasoning", f"{open_tag} inside the reasoning (not executed)"))
+    first = split.rest.find(open_tag)
+    content = split.rest if first == -1 else split.rest[:first]
+    if close_tag in content:
+        issues.append(ParseIssue("stray_tag", f"{close_tag} without a matching {open_tag}"))
+    return CallText(split.reasoning, split.rest, first, content, issues)
