@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import copy
 import inspect
-import math
 import threading
 import time
 import traceback
@@ -25,6 +24,7 @@ import anyio
 import torch
 
 from agentrl.generators.base import FinishReason, Generation, SamplingParams, T
+from agentrl.generators.decode_steps import HostCopy, record, suppress_early_stops
 from agentrl.generators.sampling import sample_next
 from agentrl.generators.weights import WeightUpdate, normalize_named_tensors
 
@@ -71,68 +71,6 @@ class _Request:
             self.notify(self.done.set)
         except RuntimeError:
             pass
-
-
-def _suppress_early_stops(
-    logits: torch.Tensor, reqs: list[_Request], rows: list[int], counts: list[int], stops: list[set[int]]
-) -> torch.Tensor:
-    """Mask the stop tokens of rows that have not yet produced ``min_tokens`` tokens (vectorised)."""
-    early = [j for j, i in enumerate(rows) if counts[i] < reqs[i].sampling.min_tokens and stops[i]]
-    if not early:
-        return logits
-    cols = sorted(set().union(*(stops[rows[j]] for j in early)))
-    block = torch.zeros((logits.shape[0], len(cols)), dtype=torch.bool)
-    for j in early:
-        for c, col in enumerate(cols):
-            block[j, c] = col in stops[rows[j]]
-    cols_t = torch.tensor(cols, device=logits.device)
-    logits = logits.clone()
-    logits[:, cols_t] = logits[:, cols_t].masked_fill(block.to(logits.device), -math.inf)
-    return logits
-
-
-def _record(
-    reqs: list[_Request], rows: list[int], tok_list: list[int], lp_list: list[float],
-    tokens: list[list[int]], logprobs: list[list[float]], finish: list[FinishReason | None], stops: list[set[int]],
-) -> None:
-    """Append batch row ``j``'s sampled token to request ``rows[j]`` and note why it finished, if it did."""
-    for j, i in enumerate(rows):
-        if finish[i] is not None:
-            continue
-        if reqs[i].cancelled:
-            finish[i] = "abort"
-            continue
-        tokens[i].append(tok_list[j])
-        logprobs[i].append(lp_list[j])
-        if tok_list[j] in stops[i]:
-            finish[i] = "stop"
-        elif len(tokens[i]) >= reqs[i].max_tokens:
-            finish[i] = "length"
-
-
-class _HostCopy:
-    """Copy sampled tokens and logprobs to the host without waiting for work queued after them."""
-
-    def __init__(self, n: int, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.tok = torch.empty(n, dtype=torch.long, pin_memory=True)
-            self.lp = torch.empty(n, dtype=torch.float32, pin_memory=True)
-            self.event = torch.cuda.Event()
-
-    def start(self, tok: torch.Tensor, lp: torch.Tensor) -> None:
-        if self.cuda:
-            self.tok.copy_(tok, non_blocking=True)
-            self.lp.copy_(lp, non_blocking=True)
-            self.event.record()
-        else:
-            self._pending = (tok.tolist(), lp.tolist())
-
-    def wait(self) -> tuple[list[int], list[float]]:
-        if self.cuda:
-            self.event.synchronize()
-            return self.tok.tolist(), self.lp.tolist()
-        return self._pending
 
 
 class TransformersGenerator:
@@ -558,9 +496,9 @@ class TransformersGenerator:
         any_min = any(r.sampling.min_tokens > 0 for r in reqs)
         while True:
             if any_min:
-                logits = _suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
+                logits = suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
             tok, lp = sample_next(logits, [reqs[i].sampling for i in rows], [gens[i] for i in rows])
-            _record(reqs, rows, tok.tolist(), lp.tolist(), tokens, logprobs, finish, stops)  # finished rows: ignored
+            record(reqs, rows, tok.tolist(), lp.tolist(), tokens, logprobs, finish, stops)  # finished rows: ignored
             live = [j for j, i in enumerate(rows) if finish[i] is None]
             if not live:
                 break
@@ -594,16 +532,16 @@ class TransformersGenerator:
         self.stats["forward_passes"] += 1
         rows = list(range(n))
         any_min = any(p.min_tokens > 0 for p in params)
-        to_host = _HostCopy(n, self.device)
+        to_host = HostCopy(n, self.device)
         logits = batch.prefill_logits
         while True:
             if any_min:
-                logits = _suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
+                logits = suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
             tok, lp = sample_next(logits, params, gens)
             to_host.start(tok, lp)
             logits = batch.step(tok)  # speculative: runs while the host looks at tok
             self.stats["forward_passes"] += 1
-            _record(reqs, rows, *to_host.wait(), tokens, logprobs, finish, stops)
+            record(reqs, rows, *to_host.wait(), tokens, logprobs, finish, stops)
             if all(f is not None for f in finish):
                 break
         self.stats["tokens_generated"] += sum(len(t) for t in tokens)
