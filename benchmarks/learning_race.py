@@ -1,22 +1,23 @@
 """Learning at equal wall-clock: agentrl's trainer and TRL's GRPOTrainer on the multi-turn calculator.
 
-    # lent GPU, in stages (each call at most 10 minutes; the work folder survives while the machine is warm)
-    python benchmarks/learning_race.py --work /tmp/race --stage sft                      # model + 150 s SFT
-    python benchmarks/learning_race.py --work /tmp/race --stage race --frameworks agentrl --budget 300
-    python benchmarks/learning_race.py --work /tmp/race --stage race --frameworks trl --budget 300
-    python benchmarks/learning_race.py --work /tmp/race --stage eval                     # -> race.png, race.json
+    # lent GPUs, in stages (each call at most 10 minutes; the work folder survives while the machine is warm);
+    # with 2 GPUs the two frameworks train at once, each alone on its card, and the evaluations share both
+    python benchmarks/learning_race.py --work /tmp/race --stage sft --sft-seconds 75     # model + SFT
+    python benchmarks/learning_race.py --work /tmp/race --stage race --budget 240 --every 60 --lr 5e-6
+    python benchmarks/learning_race.py --work /tmp/race --stage eval --eval-tasks 64     # -> race.png, race.json
     # this CPU: the whole pipeline on a tiny random model (plumbing only; it learns nothing in seconds)
     python benchmarks/learning_race.py --work /tmp/race-cpu --tiny --sft-seconds 10 --budget 40 --every 20 --eval-tasks 4
 
 Both frameworks start from the same SFT'd model (multiturn_bench.sft: the 0.5B-shaped random model
 taught the calculator episode on ideal transcripts), train on the same calculator tasks with the
 settings of the throughput rows (multiturn_bench.run_agentrl / run_trl: 8 prompts x 8 episodes
-per step, dapo, beta 0, lr, bf16, gradient checkpointing, 256 completion tokens, 6 tool calls),
+per step, dapo, beta 0, lr, bf16, gradient checkpointing, 256 completion tokens, 6 tool calls, and
+the same reward: `correct` alone),
 each in its own process for ``--budget`` seconds of training wall-clock (model loading excluded;
 agentrl's first-rollout compilation included). Every ``--every`` seconds each saves a checkpoint
 (bf16 weights; the save is not counted). Afterwards one evaluator scores every checkpoint the
 same way: ``agentrl eval`` greedy on the first ``--eval-tasks`` held-out test tasks. The PNG
-plots held-out reward against training wall-clock seconds, one line per framework, starting
+plots held-out accuracy (the share answered correctly) against training wall-clock seconds, one line per framework, starting
 from the shared SFT model at 0 s.
 """
 
@@ -29,12 +30,15 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import Queue
 from typing import Any
 
 import torch
 
 HERE = Path(__file__).resolve()
+T0 = time.monotonic()
 sys.path.insert(0, str(HERE.parent))  # multiturn_bench, gpu_vs_trl
 
 
@@ -131,8 +135,10 @@ def race_trl(model: str, P: int, G: int, budget: float, every: float, folder: Pa
     return {"framework": "trl", "steps": trainer.state.global_step, "checkpoints": clock.checkpoints, "train_reward": clock.trace}
 
 
-def evaluate(model: str, n: int, out: Path) -> dict[str, Any]:
-    """The one evaluator for every checkpoint: ``agentrl eval`` greedy on the first ``n`` test tasks."""
+def evaluate(model: str, n: int, out: Path, gpu: str | None = None) -> dict[str, Any]:
+    """The one evaluator for every checkpoint: ``agentrl eval`` greedy on the first ``n`` test tasks.
+
+    CUDA graphs without torch.compile: a compile costs more than one evaluation saves."""
     import multiturn_bench
 
     cmd = [
@@ -140,12 +146,16 @@ def evaluate(model: str, n: int, out: Path) -> dict[str, Any]:
         f"env_args={{\"difficulty\": {multiturn_bench.DIFFICULTY}}}", f"n={n}", "sampling.temperature=0", f"output={out}",
         f"rollout.max_tokens_per_turn={multiturn_bench.MAX_COMPLETION}", f"rollout.max_completion_tokens={multiturn_bench.MAX_COMPLETION}",
         "rollout.max_context=1536", "rollout.max_turns=6",
+        *(["generator.cuda_graphs=true", "generator.compile_decode=false"] if torch.cuda.is_available() else []),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
     summary = json.loads((out / "summary.json").read_text())
-    return {k: summary[k] for k in ("reward_mean", "well_formed_call_rate", "turns_mean", "truncated_rate", "tool_calls")}
+    # accuracy: the share of tasks answered correctly (the calculator's reward is >= 1 exactly then), the objective
+    # both sides train on; reward_mean adds the format and progress terms neither trains on
+    return {"accuracy": summary["pass@1"], **{k: summary[k] for k in ("reward_mean", "well_formed_call_rate", "turns_mean", "truncated_rate", "tool_calls")}}
 
 
 def _tiny_model(tokenizer_dir: str, out: Path) -> None:
@@ -160,8 +170,9 @@ def _tiny_model(tokenizer_dir: str, out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def _subprocess(args: list[str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, str(HERE), *args], capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+def _subprocess(args: list[str], gpu: str | None = None) -> dict[str, Any]:
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
+    proc = subprocess.run([sys.executable, str(HERE), *args], capture_output=True, text=True, env=env)
     found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if not found:
         print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
@@ -183,6 +194,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--gens", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--deadline", type=float, default=float("inf"), help="eval stage: skip checkpoints not scored by this many seconds after the start")
     ap.add_argument("--worker", choices=["agentrl", "trl", "sft"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     work = Path(args.work)
@@ -210,50 +222,81 @@ def main() -> None:
         (work / "sft.json").write_text(json.dumps(result))
         print("sft:", result, flush=True)
     if args.stage in ("all", "race"):
-        for fw in args.frameworks.split(","):
+        frameworks = args.frameworks.split(",")
+        gpus = _gpus()
+
+        def one(i: int, fw: str) -> None:
+            # with a GPU per framework both train at once, each alone on its card; else one after the other
             result = _subprocess(["--work", str(work), "--worker", fw, "--budget", str(args.budget), "--every", str(args.every),
-                                  "--prompts", str(args.prompts), "--gens", str(args.gens), "--lr", str(args.lr)])
+                                  "--prompts", str(args.prompts), "--gens", str(args.gens), "--lr", str(args.lr)],
+                                 gpu=gpus[i] if len(gpus) >= len(frameworks) else None)
             (work / f"race-{fw}.json").write_text(json.dumps(result))
             print(f"{fw}: {result['steps']} steps, {len(result['checkpoints'])} checkpoints", flush=True)
+
+        with ThreadPoolExecutor(len(frameworks) if len(gpus) >= len(frameworks) else 1) as pool:
+            list(pool.map(one, range(len(frameworks)), frameworks))
     if args.stage in ("all", "eval"):
-        report(work, args.eval_tasks)
+        report(work, args.eval_tasks, T0 + args.deadline)
 
 
-def report(work: Path, n: int) -> None:
-    """Evaluate the SFT model and every checkpoint, then write race.json, race.png and a table."""
+def _gpus() -> list[str]:
+    """The visible GPUs as CUDA_VISIBLE_DEVICES values (empty on a CPU machine)."""
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def report(work: Path, n: int, deadline: float = float("inf")) -> None:
+    """Evaluate the SFT model and every checkpoint (one evaluation per GPU at a time), then write race.json,
+    race.png and a table. Checkpoints not reached by ``deadline`` (time.monotonic) are left out, named."""
     from agentrl.plot import write_curve_png
 
-    start = evaluate(str(work / "sft"), n, work / "eval" / "sft")
+    races = [json.loads(p.read_text()) for p in sorted(work.glob("race-*.json"))]
+    jobs = [("sft", {"path": str(work / "sft"), "elapsed_s": 0.0, "step": 0})]
+    jobs += [("agentrl" if r["framework"] == "agentrl" else "TRL", c) for r in races for c in r["checkpoints"]]
+    gpus = _gpus() or [None]
+    free: Queue = Queue()
+    for g in gpus:
+        free.put(g)
+
+    def score(job: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+        name, c = job
+        if time.monotonic() > deadline:
+            return {"error": "not evaluated: the call's deadline"}
+        gpu = free.get()
+        try:
+            result = evaluate(c["path"], n, work / "eval" / Path(c["path"]).name, gpu)
+        finally:
+            free.put(gpu)
+        print(name, c["elapsed_s"], c["step"], result, flush=True)
+        if "error" not in result and name != "sft":
+            shutil.rmtree(c["path"], ignore_errors=True)  # 1 GB each; the score is kept
+        return result
+
+    with ThreadPoolExecutor(len(gpus)) as pool:
+        scores = list(pool.map(score, jobs))
+    start = scores[0]
     print("sft model:", start, flush=True)
     series: dict[str, list[tuple[float, float]]] = {}
     rows = []
-    for path in sorted(work.glob("race-*.json")):
-        race = json.loads(path.read_text())
-        name = "agentrl" if race["framework"] == "agentrl" else "TRL"
-        points = [(0.0, start.get("reward_mean", float("nan")))]
-        for c in race["checkpoints"]:
-            score = evaluate(c["path"], n, work / "eval" / Path(c["path"]).name)
-            print(name, c["elapsed_s"], c["step"], score, flush=True)
-            points.append((c["elapsed_s"], score.get("reward_mean", float("nan"))))
-            rows.append({"framework": name, **c, **score})
-            if "error" not in score:
-                shutil.rmtree(c["path"], ignore_errors=True)  # 1 GB each; the score is kept
-        series[name] = points
+    for (name, c), result in zip(jobs[1:], scores[1:]):
+        points = series.setdefault(name, [(0.0, start.get("accuracy", float("nan")))])
+        if "error" not in result:
+            points.append((c["elapsed_s"], result["accuracy"]))
+        rows.append({"framework": name, **c, **result})
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     out = {"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "eval_tasks": n, "sft": start, "checkpoints": rows,
-           "train_reward": {p.stem: json.loads(p.read_text())["train_reward"] for p in sorted(work.glob("race-*.json"))}}
+           "train_reward": {r["framework"]: r["train_reward"] for r in races}, "steps": {r["framework"]: r["steps"] for r in races}}
     (work / "race.json").write_text(json.dumps(out, indent=1))
-    png = write_curve_png(work / "race.png", series, title=f"calculator, held-out greedy reward ({n} tasks), {device}",
-                          x_label="training wall-clock s", y_label="held-out reward")
-    print(f"\n| framework | training s | step | held-out reward | well-formed calls | turns | truncated |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    print(f"| SFT model | 0 | 0 | {start.get('reward_mean', float('nan')):.3f} | {start.get('well_formed_call_rate', float('nan')):.2f} | "
+    png = write_curve_png(work / "race.png", series, title=f"calculator, held-out greedy accuracy ({n} tasks), {device}",
+                          x_label="training wall-clock s", y_label="held-out accuracy")
+    print("\n| framework | training s | step | held-out accuracy | reward | well-formed calls | turns | truncated |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"| SFT model | 0 | 0 | {start.get('accuracy', float('nan')):.3f} | {start.get('reward_mean', float('nan')):.3f} | {start.get('well_formed_call_rate', float('nan')):.2f} | "
           f"{start.get('turns_mean', float('nan')):.2f} | {start.get('truncated_rate', float('nan')):.2f} |")
     for r in rows:
         if "error" in r:
-            print(f"| {r['framework']} | {r['elapsed_s']:.0f} | {r['step']} | failed: {r['error'][:60]} | | | |")
+            print(f"| {r['framework']} | {r['elapsed_s']:.0f} | {r['step']} | failed: {r['error'][:60]} | | | | |")
             continue
-        print(f"| {r['framework']} | {r['elapsed_s']:.0f} | {r['step']} | {r['reward_mean']:.3f} | {r['well_formed_call_rate']:.2f} | "
+        print(f"| {r['framework']} | {r['elapsed_s']:.0f} | {r['step']} | {r['accuracy']:.3f} | {r['reward_mean']:.3f} | {r['well_formed_call_rate']:.2f} | "
               f"{r['turns_mean']:.2f} | {r['truncated_rate']:.2f} |")
     print(f"wrote {png} and {work / 'race.json'}")
 

@@ -119,7 +119,10 @@ def sft(model_dir: str, out_dir: str, seconds: float, batch: int = 32 if torch.c
 def agentrl_args(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> list[str]:
     """agentrl's settings for the multi-turn rows (and learning_race.py), as CLI keys."""
     return [
-        f"model.path={model}", "env=calculator", f"env_args={{\"difficulty\": {DIFFICULTY}}}", f"max_steps={steps}",
+        # TRL's reward is `correct` alone (trl_setup), so agentrl's is too: the calculator's format and per-turn
+        # progress terms off and the episode advantage, the same objective on both sides
+        f"model.path={model}", "env=calculator", f"env_args={{\"difficulty\": {DIFFICULTY}, \"format_weight\": 0, \"progress_weight\": 0}}",
+        "advantage=episode", f"max_steps={steps}",
         f"prompts_per_step={P}", f"num_generations={G}", "micro_batch_size=16", f"learning_rate={lr}",
         "adam_betas=[0.9,0.99]", "weight_decay=0", "max_grad_norm=1.0", "loss.loss_type=dapo", "loss.beta=0",
         "sampling.temperature=1.0", f"rollout.max_tokens_per_turn={MAX_COMPLETION}",
