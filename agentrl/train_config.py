@@ -62,6 +62,9 @@ class TrainConfig(Strict):
     learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
     adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2)")
+    adam_eps: float = Field(
+        1e-8, gt=0, description="AdamW epsilon; parameters whose gradient is far below it move in proportion to it (SGD-like) instead of by ~learning_rate each (docs/environments.md, Sokoban)"
+    )
     optimizer_offload: bool = Field(
         False, description="keep AdamW's two moments in host memory, streamed through the GPU at each step (-8 bytes/parameter of GPU memory, ~16 bytes/parameter of PCIe traffic per step)"
     )

@@ -130,9 +130,9 @@ def build_optimizer(cfg: TrainConfig, policy: Any, cuda: bool) -> tuple[torch.op
     if cfg.optimizer_offload:  # the moments on the host: same AdamW arithmetic (agentrl/optim_offload.py)
         from agentrl.optim_offload import OffloadedAdamW
 
-        optimizer: torch.optim.Optimizer = OffloadedAdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
+        optimizer: torch.optim.Optimizer = OffloadedAdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, eps=cfg.adam_eps)
     else:  # fused: one kernel for the whole update on CUDA (same math as the default implementation)
-        optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, fused=cuda or None)
+        optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=cuda or None)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps)
     return optimizer, scheduler
 

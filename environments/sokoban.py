@@ -8,10 +8,13 @@ board that also appears in train is removed from train.
 
 Rewards: ``solved`` (episode, 1 when every box is on a target), ``progress`` (per turn: +0.5 for
 each box pushed onto a target in that turn, -0.5 for each pushed off, minus ``step_cost``), so
-per-turn credit assignment has something to work with, and ``format`` (per turn: -1 x
-``format_weight`` for a turn with a malformed call; without it RL erodes the call syntax of a small
-model within a few steps, docs/environments.md). The episode ends when the puzzle is solved,
-when the model answers without a tool call, or after ``max_turns``.
+per-turn credit assignment has something to work with, ``turns_left`` (episode: an unsolved episode
+that ends early pays ``step_cost`` for the turns it did not play) and ``format`` (per turn: -1 x
+``format_weight`` for a turn without a ``move`` that ran). The episode ends when the puzzle is
+solved, when the model answers without a tool call, after a bad call (``end_on_bad_call``) or after
+``max_turns``. The last three make every failure cost the same or more than trying: GRPO on a small
+model otherwise learns to break its call syntax (docs/environments.md, "A starting model for
+Sokoban, and RL on it").
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from typing import Any
 
 from datasets import Dataset
 
-from agentrl.dispatch import MALFORMED
 from agentrl.env import Message, Reward, StepResult, ToolEnvironment
 from agentrl.tool import Tool, ToolError
 
@@ -196,11 +198,12 @@ class Move(Tool):
         return f"{note}\n{new.render()}\n{status}"
 
 
-def malformed_turn(state: dict[str, Any], tool_records: list[Any]) -> float:
-    """-1 when a call of this turn was malformed (bad JSON, bad arguments, unknown tool), else 0."""
+def bad_turn(state: dict[str, Any], tool_records: list[Any]) -> float:
+    """-1 when this turn made no ``move`` that ran: no call at all, a malformed call (bad JSON, bad
+    arguments, unknown tool) or an unknown direction; else 0."""
     new = tool_records[state.get("format_scored", 0) :]
     state["format_scored"] = len(tool_records)
-    return -1.0 if any(r.kind in MALFORMED for r in new) else 0.0
+    return -1.0 if not new or any(r.kind != "ok" for r in new) else 0.0
 
 
 def solved(state: dict[str, Any]) -> float:
@@ -222,6 +225,8 @@ class SokobanEnv(ToolEnvironment):
         progress_weight: weight of the per-turn progress reward (0 disables it).
         step_cost: subtracted from the progress reward for every turn.
         format_weight: weight of the per-turn format penalty (0 disables it).
+        end_on_bad_call: a turn whose call is malformed or names an unknown direction ends the
+            episode (unsolved), so a bad call can never be followed by a solve that credits it.
     """
 
     system_prompt = SYSTEM_PROMPT
@@ -233,10 +238,11 @@ class SokobanEnv(ToolEnvironment):
         num_train: int = 2000,
         num_test: int = 100,
         seed: int = 0,
-        max_turns: int = 12,
+        max_turns: int = 8,
         progress_weight: float = 1.0,
         step_cost: float = 0.02,
         format_weight: float = 0.2,
+        end_on_bad_call: bool = True,
     ) -> None:
         if not 5 <= size <= 9:
             raise ValueError(f"sokoban size must be 5 to 9, got {size}")
@@ -245,11 +251,13 @@ class SokobanEnv(ToolEnvironment):
         rewards = [Reward(solved, name="solved")]
         if progress_weight:
             rewards.append(Reward(self._progress, weight=progress_weight, name="progress", per_turn=True))
+            rewards.append(Reward(self._turns_left, weight=progress_weight, name="turns_left"))
         if format_weight:
-            rewards.append(Reward(malformed_turn, weight=format_weight, name="format", per_turn=True))
+            rewards.append(Reward(bad_turn, weight=format_weight, name="format", per_turn=True))
         super().__init__(tools=[Move()], rewards=rewards, max_turns=max_turns)
         self.size, self.boxes, self.pulls = size, boxes, pulls
         self.num_train, self.num_test, self.seed, self.step_cost = num_train, num_test, seed, step_cost
+        self.format_weight, self.end_on_bad_call = format_weight, end_on_bad_call
 
     def _progress(self, state: dict[str, Any], task: dict[str, Any]) -> float:
         """Boxes newly on targets this turn (x0.5) minus the step cost."""
@@ -258,6 +266,14 @@ class SokobanEnv(ToolEnvironment):
         state["scored_on_target"] = board.on_target
         return 0.5 * (board.on_target - before) - self.step_cost
 
+    def _turns_left(self, state: dict[str, Any], turn: int) -> float:
+        """An unsolved episode that ends early (no call, a bad call, a turn cut by the token budget)
+        still pays ``step_cost`` for every turn it did not play, so stopping never beats trying:
+        without this, a group of failures ranks the shortest first and GRPO pushes towards stopping."""
+        if solved(state):
+            return 0.0
+        return -self.step_cost * max(0, self.max_turns - turn)
+
     def prompt(self, task: dict[str, Any]) -> list[Message]:
         text = f"Solve this Sokoban puzzle:\n{task['board']}"
         return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": text}]
@@ -265,8 +281,10 @@ class SokobanEnv(ToolEnvironment):
     async def step(self, message: Any) -> StepResult:
         messages, reward, terminated, truncated, info = await super().step(message)
         ep = self.episode
-        if ep is not None and not (terminated or truncated) and solved(ep["state"]):
-            # Solving ends the episode: score the episode rewards now, through the one reward path.
+        bad = any(r.kind != "ok" for r in info.get("tool_records", []))
+        if ep is not None and not (terminated or truncated) and (solved(ep["state"]) or (bad and self.end_on_bad_call)):
+            # Solving ends the episode, and so does a bad call (end_on_bad_call): score the episode
+            # rewards now, through the one reward path.
             ep["done"] = True
             extra, components = await self.score(per_turn=False, episode=True)
             reward += extra

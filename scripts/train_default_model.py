@@ -217,6 +217,7 @@ def main() -> None:
     ap.add_argument("--save-every", type=int, default=0, help="also save snapshots to OUT/step-N")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=None, help="linear learning-rate warmup steps; default: 50 (calculator), 10 (sokoban)")
+    ap.add_argument("--direction-weight", type=float, default=1.0, help="sokoban: loss weight of the direction tokens (1: plain SFT)")
     ap.add_argument("--max-turns", type=int, default=6, help="sokoban: turns per scripted episode (shorter transcripts, cheaper SFT)")
     ap.add_argument("--hidden-size", type=int, default=256, help="model width (heads of 64)")
     ap.add_argument("--layers", type=int, default=4, help="transformer layers")
@@ -267,6 +268,7 @@ def main() -> None:
         # snapshot from --save-every is exactly what `--steps k` reproduces.
         return args.lr * min(1.0, (step + 1) / warmup)
 
+    direction_ids = torch.tensor(sorted({i for d in MOVES for i in tok(d, add_special_tokens=False)["input_ids"]}))
     model.train()
     start = time.time()
     tokens = 0
@@ -276,7 +278,14 @@ def main() -> None:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+            if args.direction_weight == 1.0:
+                loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+            else:  # the one token per turn that depends on the board weighs more than the syntax around it
+                logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()
+                target = labels[:, 1:]
+                ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="none").view(target.shape)
+                weight = (target != -100).float() * (1 + (args.direction_weight - 1) * torch.isin(target, direction_ids).float())
+                loss = (ce * weight).sum() / weight.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -302,7 +311,7 @@ def save(model: Qwen2ForCausalLM, tok: PreTrainedTokenizerFast, out: Path, args:
     tok.save_pretrained(out)
     meta = {"env": args.env, "seed": args.seed, "steps": steps, "warmup": args.warmup, "batch_size": args.batch_size, "lr": args.lr, "vocab_size": args.vocab_size, "train_seconds": round(seconds)}
     if args.env == "sokoban":
-        meta.update(reference_prob=args.reference_prob, max_turns=args.max_turns)
+        meta.update(reference_prob=args.reference_prob, max_turns=args.max_turns, direction_weight=args.direction_weight)
     (out / "agentrl_build.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(f"saved {out}", flush=True)
 
