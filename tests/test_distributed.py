@@ -199,9 +199,23 @@ def test_dead_or_stalled_rank_fails_with_clear_error(tmp_path, fault):
     # also bounds the rendezvous: two ranks loading side by side on a busy 2-core machine can start
     # more than 10 s apart (seen: "1/2 clients joined" after 11 s), so leave room for that
     timeout = 40
-    port = str(free_port())
-    args = [sys.executable, *train_args(tmp_path, f"env={Path(__file__).resolve()}:FaultyCalculator", f"distributed_timeout_s={timeout}")]
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "AGENTRL_TEST_FAULT": fault}
+    code, err, other = launch_with_fault(tmp_path, fault, timeout)
+    # step 1 completed on both ranks before rank 1 failed in step 2
+    assert [m["step"] for m in metrics(tmp_path)] == [1]
+    assert code == 1, err[-3000:]
+    assert "a collective with the other ranks failed" in err and f"distributed_timeout_s={timeout}s" in err, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    if fault == "exit":
+        assert other == 17
+
+
+def launch_with_fault(out: Path, fault: str, timeout: int, *extra: str) -> tuple[int, str, int | None]:
+    """Two ranks of ``agentrl train`` on FaultyCalculator started by hand (no torchrun agent to stop
+    the survivor), rank 1 given ``fault``. Returns rank 0's exit code and stderr, and rank 1's exit
+    code (None when it was still running 30 s after rank 0 ended and had to be killed)."""
+    spec = f"env={Path(__file__).resolve()}:FaultyCalculator"
+    args = [sys.executable, *train_args(out, spec, f"distributed_timeout_s={timeout}", *extra)]
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "AGENTRL_TEST_FAULT": fault}
     procs = [
         subprocess.Popen(args, cwd=ROOT, env=env_vars(**common, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for r in (0, 1)
@@ -210,13 +224,11 @@ def test_dead_or_stalled_rank_fails_with_clear_error(tmp_path, fault):
         start = time.monotonic()
         _, err = procs[0].communicate(timeout=240)
         print(f"[{fault}] rank 0 exited {procs[0].returncode} after {time.monotonic() - start:.1f}s: {err.strip().splitlines()[-1] if err.strip() else ''}")
-        # step 1 completed on both ranks before rank 1 failed in step 2
-        assert [m["step"] for m in metrics(tmp_path)] == [1]
-        assert procs[0].returncode == 1, err[-3000:]
-        assert "a collective with the other ranks failed" in err and f"distributed_timeout_s={timeout}s" in err, err[-3000:]
-        assert "Traceback" not in err, err[-3000:]
-        if fault == "exit":
-            assert procs[1].wait(timeout=30) == 17
+        try:
+            other: int | None = procs[1].wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            other = None
+        return procs[0].returncode, err, other
     finally:
         for p in procs:
             if p.poll() is None:

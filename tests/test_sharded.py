@@ -10,14 +10,11 @@ of the same configuration through the Python API (helpers from test_distributed.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
-from test_distributed import ROOT, TOL, assert_same_run, env_vars, final_weights, free_port, metrics, reference, run, train_args
+from test_distributed import TOL, assert_same_run, final_weights, free_port, launch_with_fault, metrics, reference, run, train_args
 
 from agentrl.config import ConfigError, build, parse_overrides
 from agentrl.train_config import TrainConfig
@@ -135,23 +132,8 @@ def test_fsdp_7b_benchmark_runs_without_pydantic():
 def test_fsdp_dead_rank_fails_with_clear_error(tmp_path):
     """Rank 1 exits during step 2's rollout of a sharded run; rank 0 (started by hand, no torchrun
     agent to stop it) fails with the error that names the cause, not a hang, as under data parallel."""
-    spec = f"env={Path(__file__).resolve().parent / 'test_distributed.py'}:FaultyCalculator"
-    args = [sys.executable, *train_args(tmp_path, spec, "distributed_timeout_s=40", "distributed.strategy=fsdp")]
-    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "AGENTRL_TEST_FAULT": "exit"}
-    procs = [
-        subprocess.Popen(args, cwd=ROOT, env=env_vars(**common, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r in (0, 1)
-    ]
-    try:
-        start = time.monotonic()
-        _, err = procs[0].communicate(timeout=240)
-        print(f"rank 0 exited {procs[0].returncode} after {time.monotonic() - start:.1f}s: {err.strip().splitlines()[-1] if err.strip() else ''}")
-        assert [m["step"] for m in metrics(tmp_path)] == [1]
-        assert procs[0].returncode == 1, err[-3000:]
-        assert "a collective with the other ranks failed" in err and "Traceback" not in err, err[-3000:]
-        assert procs[1].wait(timeout=30) == 17
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    code, err, other = launch_with_fault(tmp_path, "exit", 40, "distributed.strategy=fsdp")
+    assert [m["step"] for m in metrics(tmp_path)] == [1]
+    assert code == 1, err[-3000:]
+    assert "a collective with the other ranks failed" in err and "Traceback" not in err, err[-3000:]
+    assert other == 17
