@@ -240,7 +240,7 @@ def batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "calculator": {"steps": 900, "batch_size": 32, "lr": 1e-3, "warmup": 50, "examples": 20000},
     "sokoban": {"steps": 80, "batch_size": 16, "lr": 2e-3, "warmup": 10, "examples": 2000},
-    "math_python": {"steps": 300, "batch_size": 32, "lr": 1e-3, "warmup": 30, "examples": 3000},
+    "math_python": {"steps": 300, "batch_size": 16, "lr": 1e-3, "warmup": 30, "examples": 3000},
 }
 
 
@@ -251,7 +251,7 @@ def main() -> None:
     ap.add_argument("--reference-prob", type=float, default=0.5, help="sokoban: chance each scripted move is the optimal one (else random)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="default: 900 (calculator), 80 (sokoban), 300 (math_python)")
-    ap.add_argument("--batch-size", type=int, default=None, help="default: 32 (calculator, math_python), 16 (sokoban)")
+    ap.add_argument("--batch-size", type=int, default=None, help="default: 32 (calculator), 16 (sokoban, math_python)")
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-3 (calculator, math_python), 2e-3 (sokoban)")
     ap.add_argument("--vocab-size", type=int, default=512)
     ap.add_argument("--examples", type=int, default=None, help="default: 20000 (calculator), 2000 (sokoban: the whole train split), 3000 (math_python)")
