@@ -136,11 +136,15 @@ def math_conversations(env: MathPythonEnv, tasks: list[dict[str, Any]]) -> list[
 
     async def run() -> list[list[dict[str, Any]]]:
         convos: list[list[dict[str, Any]] | None] = [None] * len(tasks)
+        # A few episodes at a time: the tool's timeout counts the wait for a sandbox slot, so
+        # thousands queued at once would time out before they run.
+        limiter = anyio.CapacityLimiter(8)
 
         async def one(i: int) -> None:
-            convos[i] = await play(tasks[i])
+            async with limiter:
+                convos[i] = await play(tasks[i])
 
-        async with anyio.create_task_group() as tg:  # the sandbox caps how many run at once
+        async with anyio.create_task_group() as tg:
             for i in range(len(tasks)):
                 tg.start_soon(one, i)
         return [c for c in convos if c is not None]
@@ -240,7 +244,7 @@ def batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "calculator": {"steps": 900, "batch_size": 32, "lr": 1e-3, "warmup": 50, "examples": 20000},
     "sokoban": {"steps": 80, "batch_size": 16, "lr": 2e-3, "warmup": 10, "examples": 2000},
-    "math_python": {"steps": 300, "batch_size": 16, "lr": 1e-3, "warmup": 30, "examples": 3000},
+    "math_python": {"steps": 300, "batch_size": 16, "lr": 1e-3, "warmup": 30, "examples": 2000},
 }
 
 
@@ -254,7 +258,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="default: 32 (calculator), 16 (sokoban, math_python)")
     ap.add_argument("--lr", type=float, default=None, help="default: 1e-3 (calculator, math_python), 2e-3 (sokoban)")
     ap.add_argument("--vocab-size", type=int, default=512)
-    ap.add_argument("--examples", type=int, default=None, help="default: 20000 (calculator), 2000 (sokoban: the whole train split), 3000 (math_python)")
+    ap.add_argument("--examples", type=int, default=None, help="default: 20000 (calculator), 2000 (sokoban: the whole train split, math_python)")
     ap.add_argument("--save-every", type=int, default=0, help="also save snapshots to OUT/step-N")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=None, help="linear learning-rate warmup steps; default: 50 (calculator), 10 (sokoban), 30 (math_python)")
