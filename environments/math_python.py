@@ -3,14 +3,16 @@
 Problems are generated from a seed with exact integer answers (counting primes, sums of multiples,
 modular powers, compound growth rounded down, combinations, change and unit rates...). Numbers are
 large enough that mental arithmetic is a poor bet and a short program is the natural move. The test
-split comes from its own seed and every test question is removed from train. Reward: 1 for the
-exact final answer ("The answer is N." or the last number of the final message).
+split comes from its own seed and every test question is removed from train. Rewards: see
+``MathPythonEnv``. ``solution_program`` is a scripted solver (one short program per kind, read off
+the question text), used to build a starting model's transcripts and to show every kind solvable.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -18,7 +20,7 @@ from typing import Any
 from datasets import Dataset
 
 from agentrl.env import Reward, ToolEnvironment
-from agentrl.environments.calculator import correct
+from agentrl.environments.calculator import correct, well_formatted
 from agentrl.tools.python import PythonTool
 
 SPLIT_SEEDS = {"train": 11, "test": 12}
@@ -117,8 +119,62 @@ def generate_tasks(n: int, seed: int, kinds: tuple[str, ...]) -> list[dict[str, 
     return tasks
 
 
+# The scripted solver: the numbers of each kind's question, in the order they appear, and a short
+# program that copies them (no arithmetic done outside the program, so a model imitating it only
+# has to copy numbers).
+QUESTION_PATTERNS: dict[str, re.Pattern[str]] = {
+    "primes": re.compile(r"below (\d+)\?"),
+    "multiples": re.compile(r"below (\d+) that are multiples of (\d+) or (\d+)\?"),
+    "modpow": re.compile(r"when (\d+) to the power (\d+) is divided by (\d+)\?"),
+    "compound": re.compile(r"has (\d+) people and grows by (\d+)% every year\. How many people live there after (\d+) years"),
+    "choose": re.compile(r"committee of (\d+) be chosen from (\d+) people"),
+    "shopping": re.compile(r"(\d+) \w+ at \$(\d+) each, (\d+) \w+ at \$(\d+) each, (\d+) \w+ at \$(\d+) each\. It pays with \$(\d+)\."),
+    "digits": re.compile(r"digits of (\d+) factorial\?"),
+    "collatz": re.compile(r"Start at (\d+)\."),
+}
+PROGRAMS: dict[str, Callable[..., str]] = {
+    "primes": lambda n: f"print(sum(all(k % d for d in range(2, int(k ** 0.5) + 1)) for k in range(2, {n})))",
+    "multiples": lambda n, a, b: f"print(sum(k for k in range({n}) if k % {a} == 0 or k % {b} == 0))",
+    "modpow": lambda b, e, m: f"print(pow({b}, {e}, {m}))",
+    "compound": lambda p, r, y: f"print({p} * (100 + {r}) ** {y} // 100 ** {y})",
+    "choose": lambda k, n: f"import math\nprint(math.comb({n}, {k}))",
+    "shopping": lambda c1, p1, c2, p2, c3, p3, paid: f"print({paid} - ({c1} * {p1} + {c2} * {p2} + {c3} * {p3}))",
+    "digits": lambda n: f"import math\nprint(sum(int(d) for d in str(math.factorial({n}))))",
+    "collatz": lambda n: f"n, s = {n}, 0\nwhile n != 1:\n    n = 3 * n + 1 if n % 2 else n // 2\n    s += 1\nprint(s)",
+}
+
+
+def solution_program(task: dict[str, Any]) -> str:
+    """A short Python program that prints the task's answer, written from the question text alone."""
+    kind = task["kind"]
+    if kind not in QUESTION_PATTERNS:
+        raise ValueError(f"math_python: no scripted solver for kind {kind!r}")
+    match = QUESTION_PATTERNS[kind].search(task["question"])
+    if match is None:
+        raise ValueError(f"math_python: the {kind} question does not have the expected form: {task['question']!r}")
+    return PROGRAMS[kind](*match.groups())
+
+
+def computed(messages: list[dict[str, Any]], answer: str, state: dict[str, Any]) -> float:
+    """Per-turn: 1 on the turn whose ``python`` output is first exactly the answer, else 0.
+
+    Partial credit that tells a right program whose output was miscopied into the final answer from
+    a wrong program; over an episode it sums to at most 1.
+    """
+    reached = any(m.get("role") == "tool" and str(m.get("content", "")).strip() == answer for m in messages)
+    new = float(reached) - state.get("computed_paid", 0.0)
+    state["computed_paid"] = float(reached)
+    return max(0.0, new)
+
+
 class MathPythonEnv(ToolEnvironment):
     """Word problems with exact integer answers and a sandboxed ``python`` tool.
+
+    Rewards: ``correct`` (1 for the exact final answer), ``format`` (0.2: at least one call, every
+    call well formed and the final message the answer statement alone; the calculator's, which keeps
+    call syntax from decaying during RL) and the per-turn ``computed`` (0.5 on the turn whose program
+    first printed the answer). A correct episode scores at least 1 and a wrong one below 1, so
+    ``pass@1`` counts correct answers only.
 
     Args:
         kinds: problem families to draw from (default: all of ``GENERATORS``).
@@ -126,9 +182,21 @@ class MathPythonEnv(ToolEnvironment):
         seed: offsets the split seeds, for a different but reproducible task set.
         max_turns: assistant turns before the episode is truncated.
         sandbox: keyword arguments for ``SandboxConfig`` (timeout_s, memory_mb, isolation, ...).
+        format_weight: weight of the format reward (0 disables it).
+        computed_weight: weight of the per-turn ``computed`` reward (0 disables it).
     """
 
     system_prompt = SYSTEM_PROMPT
+    # The recipe of docs/environments.md ("A starting model and RL on it"): per-turn credit for the
+    # per-turn ``computed`` reward, small batches (a step of 8 x 8 episodes with a sandbox run each),
+    # room in a turn for the longest scripted program (~90 tokens).
+    train_defaults = {
+        "advantage": "turn",
+        "max_steps": 60,
+        "prompts_per_step": 8,
+        "num_generations": 8,
+        "rollout": {"max_tokens_per_turn": 128, "max_completion_tokens": 320, "max_context": 1024},
+    }
 
     def __init__(
         self,
@@ -138,13 +206,20 @@ class MathPythonEnv(ToolEnvironment):
         seed: int = 0,
         max_turns: int = 4,
         sandbox: dict[str, Any] | None = None,
+        format_weight: float = 0.2,
+        computed_weight: float = 0.5,
     ) -> None:
         chosen = tuple(kinds) if kinds else tuple(GENERATORS)
         unknown = [k for k in chosen if k not in GENERATORS]
         if unknown:
             raise ValueError(f"math_python: unknown problem kinds {unknown}; choose from {sorted(GENERATORS)}")
         sandbox_options = {"timeout_s": 5.0, "memory_mb": 256, **(sandbox or {})}
-        super().__init__(tools=[PythonTool(**sandbox_options)], rewards=[Reward(correct, name="correct")], max_turns=max_turns)
+        rewards = [Reward(correct, name="correct")]
+        if format_weight:
+            rewards.append(Reward(well_formatted, weight=format_weight, name="format"))
+        if computed_weight:
+            rewards.append(Reward(computed, weight=computed_weight, name="computed", per_turn=True))
+        super().__init__(tools=[PythonTool(**sandbox_options)], rewards=rewards, max_turns=max_turns)
         self.kinds, self.num_train, self.num_test, self.seed = chosen, num_train, num_test, seed
 
     def load_dataset(self, split: str) -> Dataset:

@@ -3,6 +3,7 @@
 Shows an environment is solvable (the reference policy) and what chance alone scores (random):
     python scripts/eval_scripted.py sokoban reference|random [n]
     python scripts/eval_scripted.py search reference [n]
+    python scripts/eval_scripted.py math_python reference [n]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import anyio
 
 import agentrl
+from agentrl.environments.math_python import solution_program
 from agentrl.environments.sokoban import MOVES, scripted_move
 
 
@@ -42,11 +44,19 @@ async def search(env: Any, task: dict[str, Any], policy: str, rng: random.Random
     return reward
 
 
+async def math_python(env: Any, task: dict[str, Any], policy: str, rng: random.Random) -> float:
+    """The scripted solver's program, then its printed output as the answer."""
+    await env.reset(task=task)
+    msgs, *_ = await env.step(call("python", code=solution_program(task)))
+    _, _, _, _, info = await env.step({"role": "assistant", "content": f"The answer is {msgs[0]['content'].strip()}."})
+    return float(info["rewards"]["correct"])
+
+
 def main() -> None:
     name, policy = sys.argv[1], sys.argv[2]
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 50
     env = agentrl.make(name)
-    play = {"sokoban": sokoban, "search": search}[name]
+    play = {"sokoban": sokoban, "search": search, "math_python": math_python}[name]
     rng = random.Random(0)
     tasks = list(env.dataset("test"))[:n]
 

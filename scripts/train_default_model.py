@@ -17,6 +17,13 @@ move is the BFS reference move with probability ``--reference-prob``, else a ran
 model learns to call ``move`` well-formed and solves part of the held-out levels, leaving RL room:
 
     python scripts/train_default_model.py --env sokoban --out runs/sokoban-start
+
+``--env math_python`` does the same from ideal math_python episodes: one ``python`` call with the
+scripted solver's short program (``solution_program``), the sandbox's real output through the
+environment's ``reset``/``step`` loop, then "The answer is N.". The step budget is cut short so the
+model writes well-formed calls but copies numbers imperfectly, leaving RL room:
+
+    python scripts/train_default_model.py --env math_python --out runs/mathpy-start
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from agentrl.environments.calculator import CalculatorEnv
+from agentrl.environments.math_python import MathPythonEnv, solution_program
 from agentrl.environments.sokoban import MOVES, SokobanEnv, scripted_move
 from agentrl.tools.calculator import format_number, evaluate
 
@@ -104,6 +112,42 @@ def sokoban_conversations(env: SokobanEnv, tasks: list[dict[str, Any]], referenc
 
     async def run() -> list[list[dict[str, Any]]]:
         return [await play(t) for t in tasks]
+
+    return anyio.run(run)
+
+
+def math_conversations(env: MathPythonEnv, tasks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Ideal episodes through the environment's real reset/step loop: the scripted program, the
+    sandbox's output, the answer statement. Raises when the sandbox's output is not the answer."""
+
+    async def play(task: dict[str, Any]) -> list[dict[str, Any]]:
+        episode = env.spawn()
+        messages, _ = await episode.reset(task=dict(task))
+        code = solution_program(task)
+        call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "call_0", "function": {"name": "python", "arguments": {"code": code}}}]}
+        out, *_ = await episode.step(call)
+        printed = str(out[0]["content"]).strip()
+        if printed != task["answer"]:
+            raise RuntimeError(f"scripted program for {task['question']!r} printed {printed!r}, not {task['answer']!r}")
+        final = {"role": "assistant", "content": f"The answer is {printed}."}
+        _, _, terminated, _, _ = await episode.step(final)
+        assert terminated
+        return [dict(m) for m in messages] + [call] + [dict(m) for m in out] + [final]
+
+    async def run() -> list[list[dict[str, Any]]]:
+        convos: list[list[dict[str, Any]] | None] = [None] * len(tasks)
+        # A few episodes at a time: the tool's timeout counts the wait for a sandbox slot, so
+        # thousands queued at once would time out before they run.
+        limiter = anyio.CapacityLimiter(8)
+
+        async def one(i: int) -> None:
+            async with limiter:
+                convos[i] = await play(tasks[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(tasks)):
+                tg.start_soon(one, i)
+        return [c for c in convos if c is not None]
 
     return anyio.run(run)
 
@@ -200,23 +244,24 @@ def batches(examples: list[tuple[list[int], list[int]]], batch_size: int, pad_id
 ENV_DEFAULTS: dict[str, dict[str, Any]] = {
     "calculator": {"steps": 900, "batch_size": 32, "lr": 1e-3, "warmup": 50, "examples": 20000},
     "sokoban": {"steps": 80, "batch_size": 16, "lr": 2e-3, "warmup": 10, "examples": 2000},
+    "math_python": {"steps": 300, "batch_size": 16, "lr": 1e-3, "warmup": 30, "examples": 2000},
 }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--env", choices=["calculator", "sokoban"], default="calculator", help="the environment whose transcripts the model learns")
+    ap.add_argument("--env", choices=["calculator", "sokoban", "math_python"], default="calculator", help="the environment whose transcripts the model learns")
     ap.add_argument("--out", default=None, help="default: agentrl/bundled/default_model (calculator); required otherwise")
     ap.add_argument("--reference-prob", type=float, default=0.5, help="sokoban: chance each scripted move is the optimal one (else random)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=None, help="default: 900 (calculator), 80 (sokoban)")
-    ap.add_argument("--batch-size", type=int, default=None, help="default: 32 (calculator), 16 (sokoban)")
-    ap.add_argument("--lr", type=float, default=None, help="default: 1e-3 (calculator), 2e-3 (sokoban)")
+    ap.add_argument("--steps", type=int, default=None, help="default: 900 (calculator), 80 (sokoban), 300 (math_python)")
+    ap.add_argument("--batch-size", type=int, default=None, help="default: 32 (calculator), 16 (sokoban, math_python)")
+    ap.add_argument("--lr", type=float, default=None, help="default: 1e-3 (calculator, math_python), 2e-3 (sokoban)")
     ap.add_argument("--vocab-size", type=int, default=512)
-    ap.add_argument("--examples", type=int, default=None, help="default: 20000 (calculator), 2000 (sokoban: the whole train split)")
+    ap.add_argument("--examples", type=int, default=None, help="default: 20000 (calculator), 2000 (sokoban: the whole train split, math_python)")
     ap.add_argument("--save-every", type=int, default=0, help="also save snapshots to OUT/step-N")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--warmup", type=int, default=None, help="linear learning-rate warmup steps; default: 50 (calculator), 10 (sokoban)")
+    ap.add_argument("--warmup", type=int, default=None, help="linear learning-rate warmup steps; default: 50 (calculator), 10 (sokoban), 30 (math_python)")
     ap.add_argument("--direction-weight", type=float, default=1.0, help="sokoban: loss weight of the direction tokens (1: plain SFT)")
     ap.add_argument("--max-turns", type=int, default=6, help="sokoban: turns per scripted episode (shorter transcripts, cheaper SFT)")
     ap.add_argument("--hidden-size", type=int, default=256, help="model width (heads of 64)")
@@ -224,8 +269,8 @@ def main() -> None:
     args = ap.parse_args()
     sokoban = args.env == "sokoban"
     if args.out is None:
-        if sokoban:
-            ap.error("--out is required with --env sokoban (the bundled model is the calculator's)")
+        if args.env != "calculator":
+            ap.error(f"--out is required with --env {args.env} (the bundled model is the calculator's)")
         args.out = "agentrl/bundled/default_model"
     # Unset options take the environment's defaults: the sokoban ones are the measured starting
     # model of docs/environments.md (about 6 minutes on two busy cores).
@@ -238,11 +283,15 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     rng = random.Random(args.seed)
-    env = SokobanEnv(max_turns=args.max_turns) if sokoban else CalculatorEnv()
+    env = SokobanEnv(max_turns=args.max_turns) if sokoban else MathPythonEnv() if args.env == "math_python" else CalculatorEnv()
     tools = env.tool_schemas()
     tasks = list(env.dataset("train"))[: args.examples]
     if sokoban:
         convos = sokoban_conversations(env, tasks, args.reference_prob, rng)
+    elif args.env == "math_python":
+        made = time.time()
+        convos = math_conversations(env, tasks)
+        print(f"{len(convos)} episodes through the sandbox in {time.time() - made:.0f}s", flush=True)
     else:
         convos = [conversation(t, rng) for t in tasks]
     template = TEMPLATE_PATH.read_text()

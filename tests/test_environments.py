@@ -58,14 +58,14 @@ def test_math_python_answers_are_exact_and_the_python_tool_solves_them(envs: dic
         e = env.spawn()
         await e.reset(task=dict(task))
         msgs, r1, term, _, _ = await e.step(call("python", code=code))
-        assert not term and r1 == 0.0
+        assert not term and r1 == 0.5  # the per-turn `computed` reward: the program printed the answer
         result = msgs[0]["content"].strip()
         _, reward, term, _, info = await e.step(answer(f"The answer is {result}."))
-        assert term and info["rewards"] == {"correct": reward}
+        assert term and info["rewards"] == {"correct": 1.0, "format": 1.0, "computed": 0.0}
         return result, reward
 
     result, reward = anyio.run(go)
-    assert result == task["answer"] and reward == 1.0
+    assert result == task["answer"] and reward == pytest.approx(1.2)
     with pytest.raises(ValueError, match="unknown problem kinds"):
         MathPythonEnv(kinds=["poetry"])
 

@@ -144,8 +144,10 @@ def test_environment_train_defaults_apply_where_the_user_sets_nothing():
     calc = build(TrainConfig, parse_overrides([]))  # the default environment is the calculator, tuned for 120 steps
     assert (calc.advantage, calc.max_steps) == ("turn", 120)
     assert build(TrainConfig, parse_overrides(["advantage=episode"])).advantage == "episode"
-    other = build(TrainConfig, parse_overrides(["env=math_python"]))
+    other = build(TrainConfig, parse_overrides(["env=search"]))
     assert (other.advantage, other.max_steps) == ("episode", 60), "an environment without train_defaults gets the global ones"
+    math = build(TrainConfig, parse_overrides(["env=math_python", "rollout.max_completion_tokens=256"]))
+    assert (math.advantage, math.prompts_per_step, math.rollout.max_tokens_per_turn, math.rollout.max_completion_tokens) == ("turn", 8, 128, 256)
     assert build(TrainConfig, parse_overrides(["env=no-such-env"])).advantage == "episode", "unknown names fail later, in one place"
 
 
