@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,22 +53,48 @@ def keys_for(mode: str, args: argparse.Namespace) -> list[str]:
     if args.multiturn:  # the multi-turn row of gpu_vs_trl.py: the same settings, on its SFT model
         import multiturn_bench
 
-        keys = [k for k in multiturn_bench.agentrl_args(args.model, args.prompts, args.generations, args.steps) if not k.startswith("output_dir=")]
+        keys = [k for k in multiturn_bench.agentrl_args(args.model, args.prompts, args.generations, args.steps, lr=args.lr) if not k.startswith("output_dir=")]
         keys.append(f"output_dir={out}")
     else:
         keys = [
             f"model.path={args.model}", f"max_steps={args.steps}", f"prompts_per_step={args.prompts}", f"num_generations={args.generations}",
             f"micro_batch_size={args.micro}", f"rollout.max_tokens_per_turn={args.tokens}", f"rollout.max_completion_tokens={args.tokens}",
-            "sampling.temperature=1.0", "learning_rate=1e-6", f"output_dir={out}", "samples_per_log=0", "save_final=false",
+            "sampling.temperature=1.0", f"learning_rate={args.lr}", f"output_dir={out}", "samples_per_log=0", "save_final=false",
             f'extra_rewards=[{{"fn": "{HERE / "async_vs_dp.py"}:digits", "weight": 1.0}}]',
         ]
         if not args.cpu:
             keys += ["precision=bf16", "gradient_checkpointing=true"]
+    keys += args.extra
     if mode == "async":
         keys += [f"max_staleness={args.staleness}", f"rollout_device={'cpu' if args.cpu else 'cuda:1'}"]
     if mode == "fsdp":
         keys += ["distributed.strategy=fsdp"]
     return keys
+
+
+def stop_on_budget(trainer: Any, t0: float, budget: float, world: int) -> None:
+    """End training after the step that passes ``budget`` seconds; with several ranks, rank 0's
+    clock decides for all (every rank finishes each step, so the broadcast there cannot hang)."""
+    original = trainer._finish_step
+
+    def finish(*a: Any) -> None:
+        original(*a)
+        done = [time.perf_counter() - t0 >= budget]
+        if world > 1:
+            torch.distributed.broadcast_object_list(done, src=0)
+        if done[0]:
+            trainer.cfg.max_steps = trainer.state.step  # the loop ends after this step
+
+    trainer._finish_step = finish
+
+
+def score(trainer: Any, n: int) -> dict[str, Any]:
+    """The final weights in bf16, scored as learning_race.py scores checkpoints (greedy, held out)."""
+    import learning_race
+
+    folder = Path(trainer.run_dir) / "final-bf16"
+    learning_race._save_bf16(trainer._module(), trainer.tokenizer, folder)
+    return learning_race.evaluate(str(folder), n, Path(trainer.run_dir) / "eval", gpu=os.environ.get("LOCAL_RANK", "0") if torch.cuda.is_available() else None)
 
 
 def main() -> None:
@@ -84,6 +111,10 @@ def main() -> None:
     ap.add_argument("--staleness", type=int, default=1)
     ap.add_argument("--multiturn", action="store_true", help="the multi-turn calculator row's settings (multiturn_bench.py); --model: its SFT model (gpu_vs_trl.py --worker sft)")
     ap.add_argument("--cpu", action="store_true", help="logic check on CPU (bundled model unless --model is given)")
+    ap.add_argument("--lr", type=float, default=1e-6)
+    ap.add_argument("--extra", nargs="*", default=[], help="more trainer keys, e.g. generator.compile_decode=false")
+    ap.add_argument("--budget", type=float, default=0, help="stop after this many seconds of training wall-clock (compilation included) instead of --steps")
+    ap.add_argument("--eval-tasks", type=int, default=0, help="then score the final weights: greedy held-out accuracy on this many test tasks (learning_race.evaluate)")
     args = ap.parse_args()
     if args.build:
         from gpu_vs_trl import build_model
@@ -104,12 +135,17 @@ def main() -> None:
     from agentrl.train_config import TrainConfig
     from agentrl.trainer import Trainer
 
+    if args.budget:
+        args.steps = 100_000
     trainer = Trainer(build(TrainConfig, parse_overrides(keys_for(args.mode, args))))
     t0 = time.perf_counter()
+    if args.budget:
+        stop_on_budget(trainer, t0, args.budget, world)
     trainer.train()
     total = time.perf_counter() - t0
     if not trainer.is_main:
         return
+    scored = score(trainer, args.eval_tasks) if args.eval_tasks else None
     rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     later = rows[1:] or rows
     step_s = statistics.median(r["perf/step_s"] for r in later)  # a one-off recompile of a new shape is not the rate
@@ -123,6 +159,7 @@ def main() -> None:
         "train_s_mean": round(sum(r["perf/train_s"] for r in later) / len(later), 3),
         "reward_last": round(rows[-1]["reward/mean"], 4), "total_s": round(total, 1),
         "staleness": [r.get("async/staleness") for r in rows] if args.mode == "async" else None,
+        "held_out": scored,
         "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() and not args.cpu else None,
     }
     print("RESULT " + json.dumps(result), flush=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 EVALS = {
     "greedy": ["sampling.temperature=0"],
     "greedy_seed7": ["sampling.temperature=0", "env_args.seed=7"],
+    "greedy_d2": ["sampling.temperature=0", "env_args.difficulty=2", "n=200"],
     "greedy_d3": ["sampling.temperature=0", "env_args.difficulty=3", "n=200"],
     "t1": ["sampling.temperature=1.0", "sampling.seed=1"],
 }
