@@ -8,7 +8,8 @@ real cancellation of the run (the caller's cancel scope, Ctrl-C through the even
 
 A sync tool runs on its own daemon thread within the tool's thread budget (``tool_threads.py``),
 so a hung tool cannot starve other tools nor keep the process alive; it is abandoned at its
-timeout, and the wait for a free slot counts toward that timeout.
+timeout, and the wait for a free slot counts toward that timeout (an async tool may start the
+clock at its slot instead: ``Tool.timeout_includes_queue``).
 """
 
 from __future__ import annotations
@@ -111,13 +112,20 @@ async def run_call(call: ToolCall, tools: dict[str, Tool], injected: dict[str, A
     kwargs.update({k: v for k, v in injected.items() if k in tool.injected})
 
     outcome: tuple[str, str, str] | None = None
-    with anyio.move_on_after(tool.timeout) as scope:  # the wait for a slot counts toward the timeout
-        if tool.is_async:
-            async with tool.limiter():
+    if tool.is_async and not tool.timeout_includes_queue:
+        # Each holder of a slot is bounded by its own timeout, so the queue is bounded too; the clock
+        # starts at the slot (a sandbox's queue is not the program's run time).
+        async with tool.limiter():
+            with anyio.move_on_after(tool.timeout) as scope:
                 outcome = await _run_async(tool, call.name, kwargs)
-        else:
-            done = await run_in_thread(lambda: _run_sync(tool, call.name, kwargs), tool.thread_budget(), call.name)
-            outcome = done.value if done.error is None else ("error", f"Error: {call.name} failed ({_describe(done.error)}).", "")
+    else:
+        with anyio.move_on_after(tool.timeout) as scope:  # the wait for a slot counts toward the timeout
+            if tool.is_async:
+                async with tool.limiter():
+                    outcome = await _run_async(tool, call.name, kwargs)
+            else:
+                done = await run_in_thread(lambda: _run_sync(tool, call.name, kwargs), tool.thread_budget(), call.name)
+                outcome = done.value if done.error is None else ("error", f"Error: {call.name} failed ({_describe(done.error)}).", "")
     if outcome is None or scope.cancel_called:
         busy = "" if tool.is_async or tool.thread_budget().live < tool.thread_budget().limit else (
             f" (all {tool.thread_budget().limit} of its slots are held by earlier calls that have not ended)"

@@ -41,7 +41,10 @@ class Tool:
     named in ``injected`` are hidden from the model's schema and filled by the environment from
     episode state at dispatch time (for example ``state`` or ``task``).
 
-    Limits: ``timeout`` seconds per call (waiting for a free slot included), ``max_output_chars``
+    Limits: ``timeout`` seconds per call (waiting for a free slot included, unless an async tool
+    sets ``timeout_includes_queue = False``: then the clock starts when the call gets its slot, for
+    tools whose every call is bounded by a limit of its own, such as a sandbox's time limit, so a
+    long queue is not a failure), ``max_output_chars``
     characters of output or error text (longer text is cut with a visible marker),
     ``max_concurrency`` calls of this tool in flight at once across all episodes sharing the
     instance; for a sync tool, threads alive at once, a hung call keeping its thread until it ends.
@@ -53,6 +56,7 @@ class Tool:
     timeout: float = DEFAULT_TIMEOUT_S
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    timeout_includes_queue: bool = True
 
     def run(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__}.run is not implemented")

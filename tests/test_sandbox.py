@@ -277,6 +277,25 @@ def test_concurrency_is_capped_per_event_loop() -> None:
         assert anyio.run(go) >= 2.0
 
 
+def test_a_queue_for_sandbox_slots_is_not_a_timeout() -> None:
+    """Six calls at one slot queue for ~3 s; the backstop (1.5 s here) counts each run, not the queue.
+
+    Before the fix the wait for a slot counted toward dispatch's timeout, so a training step whose
+    episodes called the tool at once got "timed out" messages for programs that never ran."""
+    tool = PythonTool(timeout_s=1, max_concurrency=1)
+    tool.timeout = 1.5  # the backstop, shorter than the queue below (it is timeout_s + 10 by default)
+    code = "import time\ntime.sleep(0.4)\nprint('done')"
+
+    async def go() -> list[tuple[str, str]]:
+        calls = [{"function": {"name": "python", "arguments": {"code": code}}} for _ in range(6)]
+        return [(r.record.kind, r.message["content"].strip()) for r in await dispatch(calls, {"python": tool})]
+
+    start = time.perf_counter()
+    out = anyio.run(go)
+    assert out == [("ok", "done")] * 6
+    assert time.perf_counter() - start >= 6 * 0.4  # one at a time: the later calls did wait
+
+
 def test_cancelling_a_run_kills_it() -> None:
     """A caller that gives up (dispatch's own timeout) leaves no process behind."""
     sandbox = Sandbox(timeout_s=60)

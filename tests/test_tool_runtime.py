@@ -15,7 +15,7 @@ import pytest
 
 from agentrl import ToolEnvironment, dispatch, tool
 from agentrl.chat.types import ToolCall
-from agentrl.tool import ToolError
+from agentrl.tool import Tool, ToolError
 
 RELEASE = threading.Event()  # set at the end of each test so hung worker threads end
 
@@ -79,6 +79,34 @@ def test_waiting_for_a_slot_counts_toward_the_timeout():
     # one at a time after each other would be 4 x 0.4 s; the slot wait is inside each call's 0.4 s
     assert took < 1.2
     assert "slots are held by earlier calls" in results[-1].message["content"]
+
+
+class _Nap(Tool):
+    """An async tool whose every call takes 0.3 s."""
+
+    name = "nap"
+    timeout = 0.5
+    max_concurrency = 1
+
+    async def run(self, x: int) -> str:
+        """Sleep.
+
+        Args:
+            x: Ignored.
+        """
+        await anyio.sleep(0.3)
+        return "rested"
+
+
+@pytest.mark.parametrize("counts_queue, kinds", [(True, ["ok", "timeout", "timeout", "timeout"]), (False, ["ok"] * 4)])
+def test_an_async_tool_can_start_its_clock_at_its_slot(counts_queue, kinds):
+    """Four 0.3 s calls at one slot and a 0.5 s timeout: counting the queue times out all but the first
+    (the second would end at 0.6 s); starting the clock at the slot lets every call finish."""
+    nap = _Nap()
+    nap.timeout_includes_queue = counts_queue
+    results = anyio.run(dispatch, [ToolCall("nap", {"x": i}) for i in range(4)], {"nap": nap})
+    assert [r.record.kind for r in results] == kinds
+    assert all(r.message["content"] == "rested" for r in results if r.record.kind == "ok")
 
 
 def test_a_hung_tool_keeps_its_slot_until_its_thread_ends():

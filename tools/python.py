@@ -23,10 +23,13 @@ class PythonTool(Tool):
             raise ValueError("pass either a Sandbox or SandboxConfig options, not both")
         self.sandbox = sandbox or Sandbox(SandboxConfig(**config))
         c = self.sandbox.config
-        # The sandbox enforces its own limits; dispatch's timeout is only a backstop above them.
+        # The sandbox enforces its own limits; dispatch's timeout is only a backstop above them, and
+        # it starts when the call gets one of the sandbox's slots: with 64 episodes calling at once
+        # and 4 slots, the queue is not the program's time (it once turned into "timed out" messages).
         self.timeout = c.timeout_s + 10.0
+        self.timeout_includes_queue = False
         self.max_output_chars = c.max_output_bytes + 400
-        self.max_concurrency = max(c.max_concurrency * 8, 32)
+        self.max_concurrency = c.max_concurrency
         if c.require_isolation:
             self.sandbox.check()  # refuse at construction, not at the first call
 
