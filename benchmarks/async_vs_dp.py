@@ -7,6 +7,10 @@
     torchrun --nproc_per_node 2 benchmarks/async_vs_dp.py --mode dp --model /tmp/q05      # 2 GPUs, DDP-style
     python benchmarks/async_vs_dp.py --mode async --model /tmp/q05                          # train cuda:0, generate cuda:1
     torchrun --nproc_per_node 2 benchmarks/async_vs_dp.py --mode fsdp --model /tmp/q05    # 2 GPUs, sharded
+    # reward after the same wall-clock (multi-turn, on learning_race.py's SFT model): 150 s of training each,
+    # then greedy held-out accuracy on 128 tasks; compile off so the first step's compilation does not eat the budget
+    python benchmarks/async_vs_dp.py --mode async --multiturn --model /tmp/race/sft --prompts 8 --lr 5e-6 \
+        --budget 150 --eval-tasks 128 --extra generator.compile_decode=false
     # this CPU (logic only): the bundled model
     python benchmarks/async_vs_dp.py --mode async --cpu --steps 3 --prompts 2 --generations 4 --tokens 32
 
