@@ -8,6 +8,7 @@ the non-finite-gradient guard, optimizer and scheduler, and the TR-DPO reference
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import torch
 from accelerate.utils import AutocastKwargs
 
 from agentrl.batch import Batch
+from agentrl.compile_layers import CompiledLayers
 from agentrl.distributed import average_gradients, learner_rows, mean_over_ranks
 from agentrl.logprobs import completion_logprobs
 from agentrl.losses import LossConfig, StepCounts, local_counts, policy_loss
@@ -50,9 +52,13 @@ class LearnSettings:
 class Learner:
     """Takes optimizer steps on batches; ``policy`` etc. are the accelerate-prepared objects."""
 
-    def __init__(self, accelerator: Any, policy: Any, optimizer: Any, scheduler: Any, reference: Reference, loss: LossConfig, settings: LearnSettings) -> None:
+    def __init__(
+        self, accelerator: Any, policy: Any, optimizer: Any, scheduler: Any, reference: Reference, loss: LossConfig, settings: LearnSettings,
+        compiled: CompiledLayers | None = None,
+    ) -> None:
         self.accelerator, self.policy, self.optimizer, self.scheduler = accelerator, policy, optimizer, scheduler
         self.reference, self.loss, self.settings = reference, loss, settings
+        self.compiled = compiled  # compiled decoder layers for the training forward/backward (agentrl/compile_layers.py)
         # the module the log-prob path runs. Under data parallel the policy is DDP-wrapped, but
         # completion_logprobs calls the decoder and the head directly, never DDP's forward, so DDP's
         # hooks stay idle and the gradients are averaged here, once per step (average_gradients)
@@ -138,6 +144,21 @@ class Learner:
         return out
 
     def _optimizer_step(self, batch: Batch, chunk: torch.Tensor, old: Any, ref: Any, step: int) -> dict[str, Any]:
+        """One optimizer step; if compiling the layers fails on the first one, it is taken eagerly instead."""
+        if self.compiled is None or self.compiled.proven:
+            return self._step(batch, chunk, old, ref, step)
+        try:
+            out = self._step(batch, chunk, old, ref, step)
+        except Exception as e:  # noqa: BLE001 - any failure of the first compiled step is retried eagerly, once
+            reason = (str(e).strip().splitlines() or [""])[0][:200]
+            print(f"compile_learner: the compiled training forward failed ({type(e).__name__}: {reason}); training eagerly", flush=True)
+            self.compiled = None
+            self.optimizer.zero_grad(set_to_none=True)
+            return self._step(batch, chunk, old, ref, step)
+        self.compiled.proven = True
+        return out
+
+    def _step(self, batch: Batch, chunk: torch.Tensor, old: Any, ref: Any, step: int) -> dict[str, Any]:
         s, dev = self.settings, self.accelerator.device
         t0 = time.perf_counter()
         micro = self._micro_batches(batch, chunk)
@@ -154,14 +175,16 @@ class Learner:
         sums: dict[str, float] = {}
         trained_tokens = 0
         for idx, real in self._lockstep(list(micro)):
-            (lp, ent), keep = self._logprobs(self.model, batch, idx, entropy=True)
-            if not real:  # sharded: pairs up the other ranks' collectives; adds nothing to the gradient
-                self.accelerator.backward(lp.sum() * 0.0)
-                continue
-            if old is None:  # a single pass: these are the logprobs under the sampling weights
-                _keep_trainer_logprobs(batch, idx, lp)
-            loss, m = self._loss(batch, idx, keep, lp, ent, old, ref, counts, truncated)
-            self.accelerator.backward(loss)  # the micro-batch losses sum to the step's loss
+            # compiled layers for the forward and the backward (its checkpoint recompute included)
+            with self.compiled.active() if self.compiled is not None else contextlib.nullcontext():
+                (lp, ent), keep = self._logprobs(self.model, batch, idx, entropy=True)
+                if not real:  # sharded: pairs up the other ranks' collectives; adds nothing to the gradient
+                    self.accelerator.backward(lp.sum() * 0.0)
+                    continue
+                if old is None:  # a single pass: these are the logprobs under the sampling weights
+                    _keep_trainer_logprobs(batch, idx, lp)
+                loss, m = self._loss(batch, idx, keep, lp, ent, old, ref, counts, truncated)
+                self.accelerator.backward(loss)  # the micro-batch losses sum to the step's loss
             trained_tokens += int(batch.loss_mask[idx].sum())
             for k, v in m.items():
                 sums[k] = sums.get(k, 0.0) + (v if k == "loss" else v / len(micro))  # loss shares add up

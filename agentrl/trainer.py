@@ -35,6 +35,7 @@ from agentrl.env import Environment
 from agentrl.generators import WeightUpdate, build_generator, run_with
 from agentrl.group_draw import GroupDraw, train_seed
 from agentrl.interrupt import stop_on_interrupt
+from agentrl.compile_layers import compile_layers
 from agentrl.learner import Learner, LearnSettings
 from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
@@ -105,7 +106,13 @@ class Trainer:
             mask_truncated_completions=cfg.mask_truncated_completions, ref_mix_alpha=cfg.ref_mix_alpha, ref_mix_every=cfg.ref_mix_every,
             max_completion_tokens=cfg.rollout.max_completion_tokens,
         )
-        self.learner = Learner(self.accelerator, self.policy, self.optimizer, self.scheduler, self.reference, cfg.loss, settings)
+        compiled, why = compile_layers(
+            policy if not isinstance(policy, ShardedPolicy) else None, cfg.compile_learner,
+            cuda=self.accelerator.device.type == "cuda", full_finetune=kind == "full", sharded=isinstance(policy, ShardedPolicy),
+        )
+        if why and self.is_main:
+            print(why, flush=True)
+        self.learner = Learner(self.accelerator, self.policy, self.optimizer, self.scheduler, self.reference, cfg.loss, settings, compiled)
 
         self.pad_id = pad_token_id(self.tokenizer, self.chat_format.stop_token_ids)
         separate = cfg.generator.backend != "transformers"  # vLLM loads the base checkpoint itself

@@ -150,6 +150,7 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
+    _experiment_kernels(trainer.learner.model, os.environ.get("AGENTRL_BENCH_KERNELS", ""))
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
@@ -169,6 +170,24 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
         "grad_norms": [r.get("grad_norm") for r in rows],
     }
+
+
+def _experiment_kernels(model: Any, kind: str) -> None:
+    """``AGENTRL_BENCH_KERNELS=liger``: liger-kernel's RMSNorm and SwiGLU on the training model's
+    instance (needs ``pip install liger-kernel``), to judge it against ``compile_learner``
+    (benchmarks/RESULTS.md). The generation copy is built before this, so it decodes unpatched."""
+    if kind != "liger":
+        return
+    from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module, _patch_swiglu_module
+    from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+
+    base = model.get_decoder()
+    for m in base.modules():
+        if type(m).__name__.endswith("RMSNorm"):
+            _patch_rms_norm_module(m)
+    for layer in base.layers:
+        _patch_swiglu_module(layer.mlp, LigerSwiGLUMLP)
+    print("experiment kernels: liger RMSNorm + SwiGLU", file=sys.stderr, flush=True)
 
 
 def train_trl_timed(build: Callable[[type, list], Any]) -> tuple[Any, float, float, float]:

@@ -1,0 +1,75 @@
+"""Compiled decoder layers for the learner's forward and backward, and nowhere else.
+
+Why: on a GPU the training phase of a small model is bound by its many small element-wise kernels
+(RMSNorm, rotary embeddings, SiLU, residual adds, casts) and their launches, not by its matrix
+products. ``torch.compile`` of each decoder layer fuses them (regional compilation: every layer
+runs the same code, so one graph serves all of them, every sequence length and the checkpoint
+recompute). On one H100 it took the Qwen3-0.6B-shaped learner from 1.16 s to 0.77 s per step
+(benchmarks/RESULTS.md).
+
+Why only inside ``active()``: the compiled forwards are set as instance attributes for the
+duration of one micro-batch's forward and backward, then removed. Generation (which may decode with
+the policy module itself), ``copy.deepcopy`` of the policy (the generation copy, the reference
+model) and checkpoints never see them, and the state dict keeps its names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+
+def decoder_layers(model: Any) -> list[torch.nn.Module] | None:
+    """The repeated blocks of a transformers causal LM (``get_decoder().layers``), or None."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
+        return None
+    return list(layers)
+
+
+class CompiledLayers:
+    """One ``torch.compile``-d forward per decoder layer (dynamic shapes: lengths vary per micro-batch).
+
+    Compilation itself happens lazily, at the first forward inside ``active()``.
+    """
+
+    def __init__(self, layers: list[torch.nn.Module]) -> None:
+        self.layers = layers
+        self.forwards = [torch.compile(layer.forward, dynamic=True) for layer in layers]
+        self.proven = False  # a whole optimizer step has run compiled (set by the learner)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Layers call their compiled forward inside this block (forward and backward both)."""
+        for layer, forward in zip(self.layers, self.forwards):
+            layer.forward = forward  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            for layer in self.layers:
+                layer.__dict__.pop("forward", None)
+
+
+def compile_layers(model: Any, wanted: bool | None, *, cuda: bool, full_finetune: bool, sharded: bool) -> tuple[CompiledLayers | None, str]:
+    """``CompiledLayers`` for ``model``, or None, and one line saying which and why.
+
+    ``wanted`` is the ``compile_learner`` key: None decides by itself (on for full fine-tuning on
+    CUDA; off on CPU, where compiling costs more than it saves on small models, for PEFT adapters
+    and under FSDP2).
+    """
+    if wanted is False:
+        return None, ""
+    if wanted is None and not cuda:
+        return None, ""
+    if wanted is None and (not full_finetune or sharded):
+        why = "a PEFT adapter" if not full_finetune else "FSDP2 sharding"
+        return None, f"compile_learner: off for {why}; the training forward runs eagerly (compile_learner=true to force it)"
+    layers = decoder_layers(model)
+    if layers is None:
+        return None, f"compile_learner: {type(model).__name__} exposes no get_decoder().layers; the training forward runs eagerly"
+    return CompiledLayers(layers), f"compile_learner: the training forward compiles its {len(layers)} decoder layers at the first step"
