@@ -1,8 +1,9 @@
 """Where the training phase of a step goes on CUDA: kernel time by kernel, against wall time.
 
-    python benchmarks/profile_train.py --model <folder> [--row 32x8x512]
+    python benchmarks/profile_train.py --model <folder> [--row 32x8x512 | --row mt8x8 --sft-seconds 60]
 
-Runs two agentrl steps of the gpu_vs_trl.py single-turn setup and profiles the second step's
+Runs two agentrl steps of the gpu_vs_trl.py single-turn setup (``mtPxG``: the multi-turn
+calculator of multiturn_bench.py, after SFT of ``--sft-seconds``) and profiles the second step's
 training phase (log-probs, loss, backward, optimizer) with torch.profiler. Prints the wall time,
 the summed CUDA kernel time (the gap between the two is launch and host overhead), and the
 kernels that take the most time, so a change to the training path can be predicted and checked.
@@ -30,8 +31,8 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--row", default="32x8x512")
     ap.add_argument("--rows", type=int, default=18, help="kernels to list")
+    ap.add_argument("--sft-seconds", type=float, default=60, help="mtPxG rows: SFT before the two steps")
     args = ap.parse_args()
-    P, G, N = (int(x) for x in args.row.split("x"))
     calls = {"n": 0}
     original = L.Learner.learn
 
@@ -48,15 +49,30 @@ def main() -> None:
             out = list(original(self, batch, step))
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
+        lengths = batch.lengths.float()
+        print(f"batch: {len(batch)} rows, length mean {lengths.mean():.0f} max {lengths.max():.0f}, "
+              f"{int(batch.loss_mask.sum())} sampled tokens", flush=True)
         events = prof.key_averages()
         kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
         print(f"train phase (profiled) wall {wall:.2f} s; CUDA kernel time {kernel_us / 1e6:.2f} s", flush=True)
         print(events.table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=70), flush=True)
+        print(events.table(sort_by="cpu_time_total", row_limit=args.rows, max_name_column_width=70), flush=True)
         yield from out
 
     L.Learner.learn = optimize
     os.environ.setdefault("AGENTRL_BENCH_EXTRA", "")
-    r = bench.run_agentrl(args.model, P, G, N, 2, cpu=False)
+    if args.row.startswith("mt"):
+        import tempfile
+
+        import multiturn_bench
+
+        P, G = (int(x) for x in args.row[2:].split("x"))
+        model = tempfile.mkdtemp(prefix="sft-")
+        print("sft:", multiturn_bench.sft(args.model, model, args.sft_seconds), flush=True)
+        r = multiturn_bench.run_agentrl(model, P, G, 2)
+    else:
+        P, G, N = (int(x) for x in args.row.split("x"))
+        r = bench.run_agentrl(args.model, P, G, N, 2, cpu=False)
     print({k: r[k] for k in ("step_s", "gen_s", "peak_gib")})
 
 
