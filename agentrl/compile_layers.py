@@ -40,6 +40,8 @@ class CompiledLayers:
 
     def __init__(self, layers: list[torch.nn.Module]) -> None:
         self.layers = layers
+        # a forward set on the instance before (accelerate's offload hooks do that) is compiled and put back after
+        self.own = [layer.__dict__.get("forward") for layer in layers]
         self.forwards = [torch.compile(layer.forward, dynamic=True) for layer in layers]
         self.proven = False  # a whole optimizer step has run compiled (set by the learner)
 
@@ -51,8 +53,11 @@ class CompiledLayers:
         try:
             yield
         finally:
-            for layer in self.layers:
-                layer.__dict__.pop("forward", None)
+            for layer, own in zip(self.layers, self.own):
+                if own is None:
+                    layer.__dict__.pop("forward", None)
+                else:
+                    layer.forward = own  # type: ignore[method-assign]
 
 
 def compile_layers(model: Any, wanted: bool | None, *, cuda: bool, full_finetune: bool, sharded: bool) -> tuple[CompiledLayers | None, str]:

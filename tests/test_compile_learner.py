@@ -90,6 +90,26 @@ def test_a_failing_compile_trains_eagerly_with_one_line(eager, capsys):
         torch.testing.assert_close(weights[name], w, rtol=1e-6, atol=1e-7, msg=name)
 
 
+def test_a_forward_set_on_the_instance_is_put_back():
+    """accelerate's offload hooks replace ``forward`` on the instance: active() must not drop them."""
+    model = tiny()
+    layer = model.model.layers[1]
+    plain = layer.forward
+    calls = []
+
+    def hooked(*a, **k):
+        calls.append(1)
+        return plain(*a, **k)
+
+    layer.forward = hooked
+    compiled, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+    with compiled.active():
+        assert layer.forward is compiled.forwards[1]
+    assert layer.forward is hooked and "forward" not in model.model.layers[0].__dict__
+    model.model(torch.randint(0, V, (1, 5)))
+    assert calls == [1]
+
+
 def test_when_the_layers_are_compiled():
     model = tiny()
     assert compile_layers(model, None, cuda=False, full_finetune=True, sharded=False) == (None, "")
