@@ -150,7 +150,7 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
-    _experiment_kernels(trainer.learner.model, os.environ.get("AGENTRL_BENCH_KERNELS", ""))
+    experiment_kernels(trainer.learner.model, os.environ.get("AGENTRL_BENCH_KERNELS", ""))
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
@@ -172,22 +172,41 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     }
 
 
-def _experiment_kernels(model: Any, kind: str) -> None:
-    """``AGENTRL_BENCH_KERNELS=liger``: liger-kernel's RMSNorm and SwiGLU on the training model's
-    instance (needs ``pip install liger-kernel``), to judge it against ``compile_learner``
-    (benchmarks/RESULTS.md). The generation copy is built before this, so it decodes unpatched."""
-    if kind != "liger":
-        return
-    from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module, _patch_swiglu_module
-    from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+def experiment_kernels(model: Any, kind: str) -> None:
+    """Experiments on agentrl's training forward, named in ``AGENTRL_BENCH_KERNELS`` (comma-separated):
 
-    base = model.get_decoder()
-    for m in base.modules():
-        if type(m).__name__.endswith("RMSNorm"):
-            _patch_rms_norm_module(m)
-    for layer in base.layers:
-        _patch_swiglu_module(layer.mlp, LigerSwiGLUMLP)
-    print("experiment kernels: liger RMSNorm + SwiGLU", file=sys.stderr, flush=True)
+    - ``liger``: liger-kernel's RMSNorm and SwiGLU on the training model's instance (needs
+      ``pip install liger-kernel``), to judge it against ``compile_learner`` (benchmarks/RESULTS.md).
+      The generation copy is built before this, so it decodes unpatched.
+    - ``flash``: the learner's forward prefers flash attention to cuDNN's, whose per-shape
+      execution plans took 0.54 s of host time in a multi-turn learner step (RESULTS.md, profile).
+    """
+    kinds = set(filter(None, kind.split(",")))
+    if "liger" in kinds:
+        from liger_kernel.transformers.monkey_patch import _patch_rms_norm_module, _patch_swiglu_module
+        from liger_kernel.transformers.swiglu import LigerSwiGLUMLP
+
+        base = model.get_decoder()
+        for m in base.modules():
+            if type(m).__name__.endswith("RMSNorm"):
+                _patch_rms_norm_module(m)
+        for layer in base.layers:
+            _patch_swiglu_module(layer.mlp, LigerSwiGLUMLP)
+    if "flash" in kinds:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        import agentrl.learner as learner
+
+        order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+        plain = learner.Learner._logprobs
+
+        def logprobs(self: Any, *a: Any, **kw: Any) -> Any:
+            with sdpa_kernel(order, set_priority=True):  # the backward follows the forward's choice
+                return plain(self, *a, **kw)
+
+        learner.Learner._logprobs = logprobs  # type: ignore[method-assign]
+    if kinds:
+        print(f"experiment kernels: {sorted(kinds)}", file=sys.stderr, flush=True)
 
 
 def train_trl_timed(build: Callable[[type, list], Any]) -> tuple[Any, float, float, float]:

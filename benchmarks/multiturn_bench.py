@@ -143,6 +143,9 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
+    from gpu_vs_trl import experiment_kernels
+
+    experiment_kernels(trainer.learner.model, os.environ.get("AGENTRL_BENCH_KERNELS", ""))
     trainer.train()
     rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     for r in rows:
