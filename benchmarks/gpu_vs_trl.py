@@ -198,13 +198,14 @@ def experiment_kernels(model: Any, kind: str) -> None:
         import agentrl.learner as learner
 
         order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
-        plain = learner.Learner._logprobs
+        plain = learner.Learner._step
 
-        def logprobs(self: Any, *a: Any, **kw: Any) -> Any:
-            with sdpa_kernel(order, set_priority=True):  # the backward follows the forward's choice
+        def step(self: Any, *a: Any, **kw: Any) -> Any:
+            # around the whole step: the backward's checkpoint recompute must see the forward's kernel
+            with sdpa_kernel(order, set_priority=True):
                 return plain(self, *a, **kw)
 
-        learner.Learner._logprobs = logprobs  # type: ignore[method-assign]
+        learner.Learner._step = step  # type: ignore[method-assign]
     if kinds:
         print(f"experiment kernels: {sorted(kinds)}", file=sys.stderr, flush=True)
 

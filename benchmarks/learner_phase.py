@@ -43,6 +43,8 @@ PRESETS = {  # Qwen2 shapes; "small" keeps the 152k vocabulary (the head is the 
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1),
     "small": dict(vocab_size=151936, hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
     "qwen05": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
+    # the bundled default model's shape (agentrl/bundled/default_model)
+    "bundled": dict(vocab_size=455, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64),
 }
 VARIANTS = {
     "old": dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=True),
@@ -53,16 +55,16 @@ VARIANTS = {
 }
 
 
-def synthetic_groups(P: int, G: int, completion: int, vocab: int, shape: str, seed: int = 0) -> list[Any]:
+def synthetic_groups(P: int, G: int, completion: int, vocab: int, shape: str, seed: int = 0, prompt_tokens: int | None = None) -> list[Any]:
     """P groups of G episodes. single: one turn of ``completion`` sampled tokens after a 20-60 token
-    prompt. multi: 2-4 turns of 15-60 sampled tokens, each followed by a 5-20 token tool result,
+    prompt (``prompt_tokens``: that many instead). multi: 2-4 turns of 15-60 sampled tokens, each followed by a 5-20 token tool result,
     at most ``completion`` tokens in all (the calculator's shape)."""
     from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
 
     rng = random.Random(seed)
     groups = []
     for p in range(P):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(20, 60))]
+        prompt = [rng.randrange(vocab) for _ in range(prompt_tokens or rng.randint(20, 60))]
         episodes = []
         for _ in range(G):
             t = Trajectory(task={"p": p}, seed=0)
@@ -128,7 +130,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if args.bf16 else "no")
     model = model.to(accelerator.device).train()
     learner = build_learner(model, accelerator, args.micro, VARIANTS[args.worker], args.chunk, args.beta, args.lr)
-    batch = build_batch(synthetic_groups(args.prompts, args.gens, args.completion, cfg.vocab_size, args.shape), pad_id=0)
+    batch = build_batch(synthetic_groups(args.prompts, args.gens, args.completion, cfg.vocab_size, args.shape, prompt_tokens=args.prompt_tokens), pad_id=0)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -159,6 +161,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--gens", type=int, default=4)
     ap.add_argument("--completion", type=int, default=128)
+    ap.add_argument("--prompt-tokens", type=int, default=None, help="every prompt this long (default: 20-60 tokens)")
     ap.add_argument("--micro", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=256, help="logprob_chunk_size (gpu_vs_trl.py uses 256)")
     ap.add_argument("--steps", type=int, default=3)
