@@ -28,6 +28,7 @@ import anyio
 import torch
 
 from agentrl.batch import Batch, build_batch, reward_metrics
+from agentrl.compile_layers import compile_layers
 from agentrl.config import ConfigError, require_backend
 from agentrl.curve import write_reward_curve
 from agentrl.distributed import any_rank, gather, peer_failures, share
@@ -35,7 +36,6 @@ from agentrl.env import Environment
 from agentrl.generators import WeightUpdate, build_generator, run_with
 from agentrl.group_draw import GroupDraw, train_seed
 from agentrl.interrupt import stop_on_interrupt
-from agentrl.compile_layers import compile_layers
 from agentrl.learner import Learner, LearnSettings
 from agentrl.observe import RunLog
 from agentrl.reference import Reference, is_adapter_folder, load_policy
@@ -107,8 +107,7 @@ class Trainer:
             max_completion_tokens=cfg.rollout.max_completion_tokens,
         )
         compiled, why = compile_layers(
-            policy if not isinstance(policy, ShardedPolicy) else None, cfg.compile_learner,
-            cuda=self.accelerator.device.type == "cuda", full_finetune=kind == "full", sharded=isinstance(policy, ShardedPolicy),
+            policy, cfg.compile_learner, cuda=self.accelerator.device.type == "cuda", full_finetune=kind == "full", sharded=isinstance(policy, ShardedPolicy),
         )
         if why and self.is_main:
             print(why, flush=True)
