@@ -258,10 +258,22 @@ def load_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, sc
         if real_missing or unexpected:
             raise RuntimeError(f"checkpoint {path} does not match the model: missing {real_missing[:5]}, unexpected {unexpected[:5]}")
     blob = load_state_file(path)
+    _check_optimizer_kind(path, blob["optimizer"], optimizer)
     optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
     set_rng_state(blob["rng"])
     return blob["state"]
+
+
+def _check_optimizer_kind(path: Path, saved: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """Float32 and 8-bit AdamW moments do not convert into each other: say so instead of failing
+    at the first step after the resume with a missing state key."""
+    from agentrl.optim_8bit import optimizer_kind
+
+    was = optimizer_kind(saved)
+    now = getattr(getattr(optimizer, "optimizer", optimizer), "kind", "adamw")  # accelerate wraps it
+    if was is not None and was != now:
+        raise CheckpointError(f"checkpoint {path}: its optimizer state is {was}'s, and this run builds {now}; resume with optimizer={was}")
 
 
 def load_state_file(path: Path) -> dict[str, Any]:

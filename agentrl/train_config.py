@@ -65,6 +65,9 @@ class TrainConfig(Strict):
     adam_eps: float = Field(
         1e-8, gt=0, description="AdamW epsilon; parameters whose gradient is far below it move in proportion to it (SGD-like) instead of by ~learning_rate each (docs/environments.md, Sokoban)"
     )
+    optimizer: Literal["auto", "adamw", "adamw_8bit"] = Field(
+        "auto", description="adamw: float32 moments; adamw_8bit: bitsandbytes' block-wise 8-bit moments, embeddings at 32 bits (-6 bytes/parameter); auto: adamw_8bit for full fine-tuning on CUDA when bitsandbytes is installed, else adamw (docs/performance.md)"
+    )
     optimizer_offload: bool = Field(
         False, description="keep AdamW's two moments in host memory, streamed through the GPU at each step (-8 bytes/parameter of GPU memory, ~16 bytes/parameter of PCIe traffic per step)"
     )
@@ -143,10 +146,14 @@ class TrainConfig(Strict):
                 raise ValueError("distributed.strategy=fsdp shards full fine-tuning; LoRA trains a few parameters: use ddp (the default)")
             if self.loss.beta > 0:
                 raise ValueError("distributed.strategy=fsdp: loss.beta > 0 needs a reference model, which is not sharded yet; use loss.beta=0")
+            if self.optimizer == "adamw_8bit":
+                raise ValueError("distributed.strategy=fsdp: optimizer=adamw_8bit does not take sharded parameters (FSDP already divides AdamW's state by the number of ranks); use optimizer=auto or adamw")
             if self.optimizer_offload:
                 raise ValueError("distributed.strategy=fsdp: optimizer_offload is not supported with sharded parameters (FSDP already divides AdamW's state by the number of ranks)")
             if self.generator.backend != "transformers":
                 raise ValueError("distributed.strategy=fsdp: only generator.backend=transformers decodes from the gathered copy so far")
+        if self.optimizer_offload and self.optimizer == "adamw_8bit":
+            raise ValueError("optimizer_offload=true streams AdamW's float32 moments from the host; optimizer=adamw_8bit keeps 8-bit moments on the GPU: choose one")
         if self.max_staleness == 0 and self.rollout_device is not None:
             raise ValueError("rollout_device has no effect without max_staleness > 0 (asynchronous rollouts)")
         if self.max_staleness > 0:

@@ -122,19 +122,29 @@ def check_trackers(names: list[str]) -> None:
             raise ConfigError(f"report_to: {name} is not installed (pip install {modules[name][0]})")
 
 
-def build_optimizer(cfg: TrainConfig, policy: Any, cuda: bool) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the trainable parameters (or its host-offloaded twin) and the LR schedule."""
+def build_optimizer(cfg: TrainConfig, policy: Any, cuda: bool, *, full_finetune: bool = True, sharded: bool = False) -> tuple[torch.optim.Optimizer, Any, str]:
+    """AdamW over the trainable parameters (8-bit moments, host-offloaded moments or plain), the LR
+    schedule, and one line saying which AdamW ``optimizer=auto`` chose ('' when nothing to say)."""
     from transformers import get_scheduler
 
+    from agentrl.optim_8bit import adamw_8bit, choose_optimizer
+
     params = [p for p in policy.parameters() if p.requires_grad]
+    hyper = {"lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "betas": cfg.adam_betas, "eps": cfg.adam_eps}
+    name, line = choose_optimizer(cfg.optimizer, offload=cfg.optimizer_offload, cuda=cuda, full_finetune=full_finetune, sharded=sharded)
     if cfg.optimizer_offload:  # the moments on the host: same AdamW arithmetic (agentrl/optim_offload.py)
         from agentrl.optim_offload import OffloadedAdamW
 
-        optimizer: torch.optim.Optimizer = OffloadedAdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, eps=cfg.adam_eps)
+        optimizer: torch.optim.Optimizer = OffloadedAdamW(params, **hyper)
+    elif name == "adamw_8bit":  # 2 bytes of moments per parameter instead of 8 (agentrl/optim_8bit.py)
+        try:
+            optimizer = adamw_8bit(policy, params, **hyper)
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from None
     else:  # fused: one kernel for the whole update on CUDA (same math as the default implementation)
-        optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=cuda or None)
+        optimizer = torch.optim.AdamW(params, **hyper, fused=cuda or None)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps)
-    return optimizer, scheduler
+    return optimizer, scheduler, line
 
 
 def enable_gradient_checkpointing(policy: Any) -> None:

@@ -94,7 +94,9 @@ class Trainer:
             policy = shard_policy(policy, self.accelerator.device, bf16)
         elif cfg.distributed.strategy == "fsdp" and self.is_main:
             print("distributed.strategy=fsdp: one process, nothing to shard; training unsharded", flush=True)
-        optimizer, scheduler = build_optimizer(cfg, policy, torch.cuda.is_available())
+        optimizer, scheduler, why = build_optimizer(cfg, policy, torch.cuda.is_available(), full_finetune=kind == "full", sharded=isinstance(policy, ShardedPolicy))
+        if why and self.is_main:
+            print(why, flush=True)
         if isinstance(policy, ShardedPolicy):  # sharded already: accelerate must not wrap it in DDP
             self.policy = policy
             self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)

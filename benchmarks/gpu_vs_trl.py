@@ -421,7 +421,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--sft-seconds", type=float, default=90, help="multi-turn rows: SFT time before the runs")
     ap.add_argument("--logs", default=None, help="write each run's stderr to <logs>/<row>-<framework>.log")
-    ap.add_argument("--sft-model", default=None, help="multi-turn rows: where the SFT model goes (default: a temp folder)")
+    ap.add_argument("--sft-model", default=None, help="multi-turn rows: where the SFT model goes (default: a temp folder); a folder that already holds one is reused")
     ap.add_argument("--worker", choices=["agentrl", "agentrl_offload", "trl", "sft"], help=argparse.SUPPRESS)
     ap.add_argument("--row", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -443,10 +443,13 @@ def main() -> None:
     sft_model = None
     if any(r.startswith("mt") for r in rows):  # teach the random model to call the tool first
         sft_model = args.sft_model or tempfile.mkdtemp(prefix="q05-sft-")
-        cmd = [sys.executable, str(HERE), "--worker", "sft", "--row", sft_model, "--model", model, "--sft-seconds", str(args.sft_seconds)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        print("sft: " + (found[-1][7:] if found else proc.stderr[-3000:]), flush=True)
+        if (Path(sft_model) / "config.json").exists():  # an earlier run's SFT model: compare runs on the same one
+            print(f"sft: reusing {sft_model}", flush=True)
+        else:
+            cmd = [sys.executable, str(HERE), "--worker", "sft", "--row", sft_model, "--model", model, "--sft-seconds", str(args.sft_seconds)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+            print("sft: " + (found[-1][7:] if found else proc.stderr[-3000:]), flush=True)
     for row in rows:
         for fw in args.frameworks.split(","):
             target = sft_model if row.startswith("mt") else model

@@ -16,7 +16,7 @@ def one_step(overrides: dict, offload: bool = False) -> torch.Tensor:
     model = torch.nn.Linear(2, 1, bias=False)
     with torch.no_grad():
         model.weight.zero_()
-    optimizer, _ = build_optimizer(cfg, model, cuda=False)
+    optimizer, _, _ = build_optimizer(cfg, model, cuda=False)
     model.weight.grad = torch.tensor([[1e-5, 1e-3]])  # one near-silent parameter, one that matters
     optimizer.step()
     return -model.weight.detach()[0]

@@ -416,3 +416,28 @@ def test_cuda_graph_decoding_is_the_default_on_cuda_with_a_named_fallback(capsys
     assert line.startswith("generator: decoding without CUDA graphs:") and "sliding-window" in line and "\n" not in line
     with pytest.raises(ValueError, match="cuda_graphs=true: .*sliding-window"):
         _use_cuda_graphs(True, cuda=True, model=sliding)
+
+
+def test_compiled_decode_step_compiles_once_for_every_batch_and_cache_length():
+    """generator.compile_decode: one compile serves every (batch, cache length) shape. Compiled for
+    its first shape, the step recompiled at the first new cache length, the first new batch size and
+    a batch of one, each costing 25-47 s in the middle of a GPU rollout (benchmarks/RESULTS.md)."""
+    from torch._dynamo.utils import counters
+
+    from agentrl.generators.static_decode import StaticDecoder
+
+    m = tiny_model(0)
+    plain = StaticDecoder(m, 0, use_graphs=False)
+    compiled = StaticDecoder(m, 0, use_graphs=False, compile=True)
+    before = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for n, new in [(8, 100), (8, 300), (4, 100), (1, 100), (16, 400)]:
+            prompts = [[1 + (i + j) % 60 for j in range(3 + i % 4)] for i in range(n)]
+            a, b = plain.start(prompts, new), compiled.start(prompts, new)
+            tok = a.prefill_logits.argmax(-1)
+            for _ in range(3):
+                la, lb = a.step(tok), b.step(tok)
+                assert lb.shape == la.shape == (n, 64)
+                assert torch.allclose(la, lb, atol=1e-4), (la - lb).abs().max()
+                tok = la.argmax(-1)
+    assert counters["stats"]["unique_graphs"] - before == 1

@@ -105,9 +105,13 @@ class StaticDecoder:
         self._gqa_ready = _register_gqa_decode()
         # torch.compile for the one-token step only (prefill widths vary): inductor fuses the
         # ~20 small kernels per layer (RMSNorm in float32, rotary, SiLU * up, residual adds) that
-        # leave even a graph-replayed step launch-bound. Compiled on first use; a second shape
-        # recompiles once with dynamic shapes.
-        self._compiled = torch.compile(model) if compile else None
+        # leave even a graph-replayed step launch-bound. Compiled once, on first use, with dynamic
+        # batch and cache length: compiled for its first shape, it recompiled at the first new
+        # cache length, again at the first new batch size and again at a batch of one, each time
+        # in the middle of a later rollout (25-47 s per recompile for a 0.5B model on an H200; a
+        # multi-turn run meets new shapes for several steps). Batches are at least two rows, as
+        # a batch of one would still specialise.
+        self._compiled = torch.compile(model, dynamic=True) if compile else None
         self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0}
 
     @staticmethod
@@ -158,7 +162,7 @@ class StaticDecoder:
         """Prefill ``prompts`` (left padded) and return the batch, ready for ``step``."""
         n = len(prompts)
         width = max(len(p) for p in prompts)
-        batch = _bucket(n, 1)
+        batch = _bucket(n, 1 if self._compiled is None else 2)
         length = -(-(width + max_new_tokens) // 256) * 256  # multiples of 256: attention reads all of it
         slot = self._slot(batch, length)
         return StaticBatch(self, slot, prompts, width)
