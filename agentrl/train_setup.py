@@ -152,7 +152,10 @@ def enable_gradient_checkpointing(policy: Any) -> None:
     # (H200, 0.5B model, 64 x ~300 tokens: train phase 2.0 s with it, 0.79 s without);
     # it only matters when the recomputed forward draws dropout masks.
     kwargs = {"use_reentrant": False, "preserve_rng_state": _uses_dropout(policy)}
-    policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if hasattr(policy, "activation_checkpointing_enable"):  # transformers >= 5.24; the old name warns there, removed in v6
+        policy.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if hasattr(policy, "enable_input_require_grads"):
         policy.enable_input_require_grads()
 

@@ -22,6 +22,7 @@ from agentrl.compile_layers import CompiledLayers, compile_layers, decoder_layer
 from agentrl.learner import Learner, LearnSettings
 from agentrl.losses import LossConfig
 from agentrl.reference import Reference
+from agentrl.train_setup import enable_gradient_checkpointing
 
 
 def tiny() -> transformers.Qwen3ForCausalLM:
@@ -29,7 +30,7 @@ def tiny() -> transformers.Qwen3ForCausalLM:
     cfg = transformers.Qwen3Config(vocab_size=V, hidden_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
                                    head_dim=32, intermediate_size=128, tie_word_embeddings=True)
     model = transformers.Qwen3ForCausalLM(cfg).float().train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_gradient_checkpointing(model)  # the trainer's own call (use_reentrant=False)
     return model
 
 
