@@ -21,11 +21,8 @@ import torch
 
 __all__ = ["adamw_8bit", "choose_optimizer", "optimizer_kind"]
 
-OptimizerName = str  # "adamw" | "adamw_8bit"
-
-
-def choose_optimizer(wanted: str, *, offload: bool, cuda: bool, full_finetune: bool, sharded: bool) -> tuple[OptimizerName, str]:
-    """The optimizer to build for the ``optimizer`` key (``auto``, ``adamw``, ``adamw_8bit``), and one
+def choose_optimizer(wanted: str, *, offload: bool, cuda: bool, full_finetune: bool, sharded: bool) -> tuple[str, str]:
+    """The optimizer to build (``adamw`` or ``adamw_8bit``) for the ``optimizer`` key, and one
     line to print saying what ``auto`` chose and why ('' when there is nothing to say).
 
     ``auto`` is 8-bit for full fine-tuning on CUDA; float32 moments on CPU (where memory is rarely the
