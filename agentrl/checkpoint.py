@@ -273,7 +273,8 @@ def _check_optimizer_kind(path: Path, saved: dict[str, Any], optimizer: torch.op
     was = optimizer_kind(saved)
     now = getattr(getattr(optimizer, "optimizer", optimizer), "kind", "adamw")  # accelerate wraps it
     if was is not None and was != now:
-        raise CheckpointError(f"checkpoint {path}: its optimizer state is {was}'s, and this run builds {now}; resume with optimizer={was}")
+        where = " (one process or data parallel: distributed.strategy=fsdp keeps float32 moments)" if was == "adamw_8bit" else ""
+        raise CheckpointError(f"checkpoint {path}: its optimizer state is {was}'s, and this run builds {now}; resume with optimizer={was}{where}")
 
 
 def load_state_file(path: Path) -> dict[str, Any]:
