@@ -15,6 +15,7 @@ one scale represent worst. With tied embeddings that includes the output head.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from typing import Any, Iterable
 
 import torch
@@ -48,10 +49,16 @@ def adamw_8bit(model: torch.nn.Module, params: list[torch.nn.Parameter], **hyper
 
     ``hyper``: ``lr``, ``betas``, ``eps``, ``weight_decay`` as for ``torch.optim.AdamW``.
     """
+    # its CPU backend warns on import about a 4-bit matmul kernel package the optimizer never uses
+    quiet = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         import bitsandbytes as bnb
-    except ImportError as exc:
-        raise ImportError(f"optimizer=adamw_8bit needs bitsandbytes (pip install bitsandbytes): {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - missing, or installed and broken (its native library): one error either way
+        raise ImportError(f"optimizer=adamw_8bit needs a working bitsandbytes (pip install bitsandbytes): {type(exc).__name__}: {exc}") from None
+    finally:
+        quiet.setLevel(level)
 
     class AdamW8bit(bnb.optim.AdamW8bit):
         """Per-parameter 32-bit override kept on the optimizer itself, not in bitsandbytes'

@@ -132,16 +132,19 @@ def build_optimizer(cfg: TrainConfig, policy: Any, cuda: bool, *, full_finetune:
     params = [p for p in policy.parameters() if p.requires_grad]
     hyper = {"lr": cfg.learning_rate, "weight_decay": cfg.weight_decay, "betas": cfg.adam_betas, "eps": cfg.adam_eps}
     name, line = choose_optimizer(cfg.optimizer, offload=cfg.optimizer_offload, cuda=cuda, full_finetune=full_finetune, sharded=sharded)
+    optimizer: torch.optim.Optimizer | None = None
     if cfg.optimizer_offload:  # the moments on the host: same AdamW arithmetic (agentrl/optim_offload.py)
         from agentrl.optim_offload import OffloadedAdamW
 
-        optimizer: torch.optim.Optimizer = OffloadedAdamW(params, **hyper)
+        optimizer = OffloadedAdamW(params, **hyper)
     elif name == "adamw_8bit":  # 2 bytes of moments per parameter instead of 8 (agentrl/optim_8bit.py)
         try:
             optimizer = adamw_8bit(policy, params, **hyper)
         except ImportError as exc:
-            raise ConfigError(str(exc)) from None
-    else:  # fused: one kernel for the whole update on CUDA (same math as the default implementation)
+            if cfg.optimizer == "adamw_8bit":
+                raise ConfigError(str(exc)) from None
+            line = f"optimizer: AdamW with float32 moments; bitsandbytes did not load ({exc})"
+    if optimizer is None:  # fused: one kernel for the whole update on CUDA (same math as the default implementation)
         optimizer = torch.optim.AdamW(params, **hyper, fused=cuda or None)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps)
     return optimizer, scheduler, line

@@ -131,3 +131,26 @@ def test_resume_across_optimizers_is_refused_by_name(tmp_path):
 def test_impossible_combinations_fail_with_the_key(keys, says):
     with pytest.raises(Exception, match=says):
         build(TrainConfig, parse_overrides(keys))
+
+
+def test_a_broken_bitsandbytes_falls_back_under_auto_and_fails_when_asked_for(monkeypatch):
+    """Installed but unloadable (its native library, say): auto keeps float32 moments and says why;
+    an explicit optimizer=adamw_8bit is one ConfigError naming it."""
+    import builtins
+
+    from agentrl.config import ConfigError
+    from agentrl.train_setup import build_optimizer
+
+    real_import = builtins.__import__
+
+    def broken(name, *a, **kw):
+        if name == "bitsandbytes":
+            raise RuntimeError("libbitsandbytes_cuda130.so: cannot open shared object file")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    model = small_model()
+    optimizer, _, line = build_optimizer(TrainConfig(), model, cuda=True)  # auto's choice on CUDA
+    assert type(optimizer) is torch.optim.AdamW and "bitsandbytes did not load" in line and "cannot open shared object" in line
+    with pytest.raises(ConfigError, match="optimizer=adamw_8bit needs a working bitsandbytes.*RuntimeError"):
+        build_optimizer(TrainConfig(optimizer="adamw_8bit"), model, cuda=False)
