@@ -22,6 +22,7 @@ import torch
 
 __all__ = ["adamw_8bit", "choose_optimizer", "optimizer_kind"]
 
+
 def choose_optimizer(wanted: str, *, offload: bool, cuda: bool, full_finetune: bool, sharded: bool) -> tuple[str, str]:
     """The optimizer to build (``adamw`` or ``adamw_8bit``) for the ``optimizer`` key, and one
     line to print saying what ``auto`` chose and why ('' when there is nothing to say).

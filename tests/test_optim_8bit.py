@@ -6,8 +6,6 @@ the refusals (a resume across optimizers, impossible combinations)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -15,7 +13,7 @@ from safetensors.torch import load_file
 pytest.importorskip("bitsandbytes", reason="bitsandbytes is in the dev extra; the 8-bit optimizer is optional")
 
 from agentrl.checkpoint import CheckpointError  # noqa: E402
-from agentrl.config import build, parse_overrides  # noqa: E402
+from agentrl.config import ConfigError, build, parse_overrides  # noqa: E402
 from agentrl.optim_8bit import adamw_8bit, choose_optimizer  # noqa: E402
 from agentrl.train_config import TrainConfig  # noqa: E402
 from agentrl.trainer import Trainer  # noqa: E402
@@ -110,8 +108,6 @@ def test_trainer_with_8bit_moments_trains_and_resumes_exactly(tmp_path):
     a = load_file(tmp_path / "a" / "checkpoints" / "step-000004" / "model.safetensors")
     b = load_file(tmp_path / "b" / "checkpoints" / "step-000004" / "model.safetensors")
     assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
-    rewards = [json.loads(x)["reward/mean"] for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rewards) == 4
 
 
 def test_resume_across_optimizers_is_refused_by_name(tmp_path):
@@ -129,7 +125,7 @@ def test_resume_across_optimizers_is_refused_by_name(tmp_path):
     ],
 )
 def test_impossible_combinations_fail_with_the_key(keys, says):
-    with pytest.raises(Exception, match=says):
+    with pytest.raises(ConfigError, match=says):
         build(TrainConfig, parse_overrides(keys))
 
 
@@ -138,7 +134,6 @@ def test_a_broken_bitsandbytes_falls_back_under_auto_and_fails_when_asked_for(mo
     an explicit optimizer=adamw_8bit is one ConfigError naming it."""
     import builtins
 
-    from agentrl.config import ConfigError
     from agentrl.train_setup import build_optimizer
 
     real_import = builtins.__import__
