@@ -73,6 +73,16 @@ class Learner:
         # each micro-batch's forward, the moment of the step's peak. Each weight is used once per
         # forward (the fused head casts its own), so without the cache nothing is cast twice.
         self._autocast = AutocastKwargs(cache_enabled=settings.autocast_cache)
+        if accelerator.device.type == "cuda":
+            # Process-wide: no cuDNN attention. Training rows run unmasked, so SDPA would pick
+            # cuDNN's, which builds an execution plan on the host for every new shape, and every
+            # micro-batch has a new length: 2.6 ms of host time per forward call and 3.6 ms per
+            # backward, 0.82 s of a 2.16 s multi-turn training phase (H200, profile_train.py,
+            # benchmarks/RESULTS.md) whose kernels took 0.2 s. Flash attention has no per-shape
+            # plan. Set before the first compiled forward traces its attention (a scoped
+            # ``sdpa_kernel`` preference did not reach the compiled graphs), and process-wide
+            # because the checkpoint recompute in backward must pick the forward's kernel.
+            torch.backends.cuda.enable_cudnn_sdp(False)
 
     def learn(self, batch: Batch, step: int) -> Iterator[dict[str, Any]]:
         """Yield one metrics dict per optimizer step taken on ``batch`` (``step``: steps taken before)."""

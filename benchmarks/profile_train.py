@@ -2,8 +2,8 @@
 
     python benchmarks/profile_train.py --model <folder> [--row 32x8x512 | --row mt8x8 --sft-seconds 60]
 
-Runs two agentrl steps of the gpu_vs_trl.py single-turn setup (``mtPxG``: the multi-turn
-calculator of multiturn_bench.py, after SFT of ``--sft-seconds``) and profiles the second step's
+Runs ``--profile-step`` (default 2) agentrl steps of the gpu_vs_trl.py single-turn setup (``mtPxG``: the multi-turn
+calculator of multiturn_bench.py, after SFT of ``--sft-seconds``) and profiles the last step's
 training phase (log-probs, loss, backward, optimizer) with torch.profiler. Prints the wall time,
 the summed CUDA kernel time (the gap between the two is launch and host overhead), and the
 kernels that take the most time, so a change to the training path can be predicted and checked.
@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,14 +32,16 @@ def main() -> None:
     ap.add_argument("--model", required=True)
     ap.add_argument("--row", default="32x8x512")
     ap.add_argument("--rows", type=int, default=18, help="kernels to list")
-    ap.add_argument("--sft-seconds", type=float, default=60, help="mtPxG rows: SFT before the two steps")
+    ap.add_argument("--sft-seconds", type=float, default=60, help="mtPxG rows: SFT before the steps")
+    ap.add_argument("--sft-model", default=None, help="mtPxG rows: where the SFT model goes; a folder that already holds one is reused")
+    ap.add_argument("--profile-step", type=int, default=2, help="which step's training phase to profile (earlier ones warm up)")
     args = ap.parse_args()
     calls = {"n": 0}
     original = L.Learner.learn
 
     def optimize(self, batch, step):  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        if calls["n"] != 2:
+        if calls["n"] != args.profile_step:
             yield from original(self, batch, step)
             return
         from torch.profiler import ProfilerActivity, profile
@@ -57,9 +60,11 @@ def main() -> None:
         print(f"train phase (profiled) wall {wall:.2f} s; CUDA kernel time {kernel_us / 1e6:.2f} s", flush=True)
         print(events.table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=70), flush=True)
         print(events.table(sort_by="cpu_time_total", row_limit=args.rows, max_name_column_width=70), flush=True)
+        print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=70), flush=True)
         yield from out
 
     L.Learner.learn = optimize
+    _label_phases(L)
     os.environ.setdefault("AGENTRL_BENCH_EXTRA", "")
     if args.row.startswith("mt"):
         import tempfile
@@ -67,13 +72,35 @@ def main() -> None:
         import multiturn_bench
 
         P, G = (int(x) for x in args.row[2:].split("x"))
-        model = tempfile.mkdtemp(prefix="sft-")
-        print("sft:", multiturn_bench.sft(args.model, model, args.sft_seconds), flush=True)
-        r = multiturn_bench.run_agentrl(model, P, G, 2)
+        model = args.sft_model or tempfile.mkdtemp(prefix="sft-")
+        if (Path(model) / "config.json").exists():
+            print(f"sft: reusing {model}", flush=True)
+        else:
+            print("sft:", multiturn_bench.sft(args.model, model, args.sft_seconds), flush=True)
+        r = multiturn_bench.run_agentrl(model, P, G, args.profile_step)
     else:
         P, G, N = (int(x) for x in args.row.split("x"))
-        r = bench.run_agentrl(args.model, P, G, N, 2, cpu=False)
+        r = bench.run_agentrl(args.model, P, G, N, args.profile_step, cpu=False)
     print({k: r[k] for k in ("step_s", "gen_s", "peak_gib")})
+
+
+def _label_phases(L: Any) -> None:
+    """Name the learner's phases in the profile (``agentrl:*`` rows: host time spent inside each)."""
+    import accelerate
+    from torch.profiler import record_function
+
+    def labelled(name: str, fn: Any) -> Any:
+        def run(*a: Any, **kw: Any) -> Any:
+            with record_function(f"agentrl:{name}"):
+                return fn(*a, **kw)
+        return run
+
+    L.Learner._logprobs = labelled("forward", L.Learner._logprobs)
+    L.Learner._loss = labelled("loss", L.Learner._loss)
+    L.Learner._micro_batches = labelled("micro_batches", L.Learner._micro_batches)
+    accelerate.Accelerator.backward = labelled("backward", accelerate.Accelerator.backward)
+    accelerate.Accelerator.clip_grad_norm_ = labelled("clip_grad_norm", accelerate.Accelerator.clip_grad_norm_)
+    accelerate.Accelerator.reduce = labelled("reduce_totals", accelerate.Accelerator.reduce)
 
 
 if __name__ == "__main__":

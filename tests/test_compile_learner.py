@@ -158,3 +158,36 @@ def test_compiled_layers_on_cuda_bf16_autocast():
     assert rel(g_comp) <= 2 * rel(g_eager) + 1e-3
     compiled32, _ = run(True, False)
     assert (compiled32 - exact).abs().max().item() < 1e-5  # float32: the same numbers
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_learner_on_cuda_keeps_training_forwards_off_cudnn_attention():
+    """cuDNN's attention builds a plan on the host for every new micro-batch length (2.6 ms per
+    forward call in a multi-turn step, H200): the learner turns it off before its first forward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from agentrl.logprobs import completion_logprobs
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(vocab_size=V, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=64, intermediate_size=512, tie_word_embeddings=True)
+    model = transformers.Qwen3ForCausalLM(cfg).cuda().train()
+    ids = torch.randint(0, V, (4, 96), device="cuda")
+
+    def attention_kernels() -> set[str]:
+        with profile(activities=[ProfilerActivity.CPU]) as prof, torch.autocast("cuda", dtype=torch.bfloat16):
+            completion_logprobs(model, ids, torch.tensor([5, 9, 12, 5]), 80).sum().backward()
+        return {e.key for e in prof.key_averages() if "attention" in e.key and e.key.startswith("aten::_")}
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    before = attention_kernels()
+    if not any("cudnn" in k for k in before):
+        pytest.skip(f"this card and torch do not pick cuDNN attention here: {sorted(before)}")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    settings = LearnSettings(micro_batch_size=2, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=64,
+                             max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1)
+    Learner(Accelerator(), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), Reference(model, "full", 0.0),
+            LossConfig(loss_type="dapo"), settings)
+    after = attention_kernels()
+    assert after and not any("cudnn" in k for k in after), sorted(after)
