@@ -167,6 +167,8 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         "peak_gib": max(max(r.get("perf/peak_gib_train", 0), r.get("perf/peak_gib_rollout", 0)) for r in rows),
         "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
         "calls_per_step": [r.get("rollout/tools/calls") for r in rows],
+        "gen_s_steps": [round(r["rollout/elapsed_s"], 2) for r in rows], "learn_s_steps": [round(r["perf/train_s"], 2) for r in rows],
+        "generator": {k: trainer.generator.stats.get(k) for k in ("batches", "admitted", "admissions", "forward_passes")},
     }
 
 

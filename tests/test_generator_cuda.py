@@ -143,3 +143,20 @@ def test_rollouts_ahead_on_cuda_train_beside_a_capturing_generator(tmp_path):
     assert len(rows) == 5
     assert all(math.isfinite(r["loss/loss"]) for r in rows)
     assert sum(r.get("train/skipped_nonfinite", 0) for r in rows) == 0
+
+
+def test_continuous_batching_through_the_compiled_graph_matches_decoding_alone():
+    """A request sent while a graph-replayed, compiled batch runs takes a finished row (its keys and
+    values copied into the captured cache) and decodes what it decodes alone."""
+    from test_continuous_batching import follow_up
+
+    m = model()
+    late_prompt = [(11 * j) % 500 + 1 for j in range(20)]
+    alone = generate(TransformersGenerator(m, 0, static_cache=False), [late_prompt], SamplingParams(temperature=0, max_tokens=24))[0]
+    gen = TransformersGenerator(m, 0, static_cache=True, compile_decode=True, gather_window_s=0.2, continuous=True, admit_every=1)
+    first = [("long", [(3 * j) % 500 + 1 for j in range(30)], SamplingParams(temperature=0, max_tokens=400)),
+             ("short", [5, 9, 13], SamplingParams(temperature=0, max_tokens=2))]
+    (long, _), late, order = follow_up(gen, first, (late_prompt, SamplingParams(temperature=0, max_tokens=24)))
+    assert gen.stats["admitted"] == 1 and gen.stats["batches"] == 1 and order == ["short", "then", "long"]
+    assert late.token_ids == alone.token_ids
+    assert len(long.token_ids) == 400

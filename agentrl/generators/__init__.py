@@ -59,7 +59,7 @@ def build_generator(
             model, pad_token_id=pad_token_id, max_batch_size=settings.max_batch_size,
             gather_window_s=settings.gather_window_s, static_cache=cuda_graphs,
             compile_decode=compile_decode, weights_dtype=train_dtype if copy else None, host_rollouts=host_rollouts,
-            training_alongside=training_alongside,
+            training_alongside=training_alongside, continuous=settings.continuous_batching,
         )
     if backend == "vllm":
         import torch

@@ -59,7 +59,8 @@ def record(
 
 
 class HostCopy:
-    """Copy sampled tokens and logprobs to the host without waiting for work queued after them."""
+    """Copy sampled tokens and logprobs (of up to ``n`` rows) to the host without waiting for work
+    queued after them."""
 
     def __init__(self, n: int, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
@@ -67,11 +68,13 @@ class HostCopy:
             self.tok = torch.empty(n, dtype=torch.long, pin_memory=True)
             self.lp = torch.empty(n, dtype=torch.float32, pin_memory=True)
             self.event = torch.cuda.Event()
+            self.rows = 0
 
     def start(self, tok: torch.Tensor, lp: torch.Tensor) -> None:
         if self.cuda:
-            self.tok.copy_(tok, non_blocking=True)
-            self.lp.copy_(lp, non_blocking=True)
+            self.rows = tok.shape[0]
+            self.tok[: self.rows].copy_(tok, non_blocking=True)
+            self.lp[: self.rows].copy_(lp, non_blocking=True)
             self.event.record()
         else:
             self._pending = (tok.tolist(), lp.tolist())
@@ -79,5 +82,5 @@ class HostCopy:
     def wait(self) -> tuple[list[int], list[float]]:
         if self.cuda:
             self.event.synchronize()
-            return self.tok.tolist(), self.lp.tolist()
+            return self.tok[: self.rows].tolist(), self.lp[: self.rows].tolist()
         return self._pending

@@ -10,7 +10,10 @@ at a per-layer ``cumulative_length`` counter that the graph increments on replay
 padded so that every row writes the same cache column at each step. The attention mask is passed
 as a ready 4-D boolean tensor (``[batch, 1, query, cache]``), which transformers uses as is, and
 position ids are passed explicitly, so the captured step contains no host synchronisation.
-Rows that finish keep running (their output is ignored) until the whole batch is done.
+Rows that finish keep running (their output is ignored) until the whole batch is done, unless a
+queued request takes the row over (``StaticBatch.admit``, continuous batching): its prompt is
+prefilled on a cache of its own and its keys and values are copied into that row, ending at the
+current column; the row's mask then hides everything before them.
 
 Only models whose layers all use full attention, and a transformers whose static layers expose
 ``cumulative_length``, are supported; ``StaticDecoder.supports`` says so and the generator falls
@@ -257,6 +260,17 @@ class StaticBatch:
         slot.pos.copy_(valid.long().sum(-1, keepdim=True))
         slot.ids.fill_(decoder.pad_token_id)
         self.column = width
+        self._logits = self.prefill_logits
+
+    @property
+    def rows(self) -> int:
+        """Rows of the captured shape (the batch bucket): ``admit`` may use any of them."""
+        return self.slot.mask.shape[0]
+
+    def fits(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """Whether a prompt can join now: it must end at the current column, and its tokens (plus
+        the speculative step after its last one) must fit in the cache."""
+        return prompt_len <= self.column and self.column + max_new_tokens + 1 <= self.slot.mask.shape[-1]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row (``[n]``) and return the next logits ``[n, vocab]``."""
@@ -268,4 +282,47 @@ class StaticBatch:
         logits = self.decoder.decode_step(slot, self.column)
         slot.pos.add_(1)
         self.column += 1
+        self._logits = logits
+        return logits[: self.n]
+
+    def admit(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Start ``prompts`` in ``rows`` (rows whose request is done) after a ``step``; return the
+        logits ``[n, vocab]`` to sample from next, the admitted rows' from their prompts.
+
+        Each prompt is prefilled (left padded, one forward for all of them) on a dynamic cache,
+        and its keys and values are copied into its row so that they end at the current column,
+        where the row's next token is written; the row's earlier columns are masked, and its
+        positions restart from the prompt's length. Every layer's keys are position-encoded
+        already, so where in the row they sit does not matter. Call only when ``fits``.
+        """
+        from transformers import DynamicCache
+
+        dec, slot, col = self.decoder, self.slot, self.column
+        width = max(len(p) for p in prompts)
+        if width > col or any(r >= self.rows for r in rows):
+            raise ValueError(f"cannot admit prompts of up to {width} tokens at column {col} into rows {rows}")
+        ids = torch.full((len(prompts), width), dec.pad_token_id, dtype=torch.long)
+        valid = torch.zeros((len(prompts), width), dtype=torch.bool)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            valid[i, width - len(p):] = True
+        ids, valid = ids.to(dec.device), valid.to(dec.device)
+        try:
+            cache = DynamicCache(config=dec.model.config)
+        except TypeError:
+            cache = DynamicCache()
+        out = dec.model(
+            input_ids=ids, attention_mask=valid.long(), position_ids=(valid.long().cumsum(-1) - 1).clamp(min=0),
+            use_cache=True, logits_to_keep=1, **{dec._cache_kwarg: cache},
+        )
+        at = torch.tensor(rows, dtype=torch.long, device=dec.device)
+        for static, fresh in zip(slot.cache.layers, cache.layers, strict=True):
+            static.keys[at, :, col - width : col] = fresh.keys.to(static.keys.dtype)
+            static.values[at, :, col - width : col] = fresh.values.to(static.values.dtype)
+        slot.mask[at] = False
+        slot.mask[at, 0, 0, col - width : col] = valid
+        slot.pos[at, 0] = valid.long().sum(-1)
+        self.n = max(self.n, max(rows) + 1)
+        logits = self._logits
+        logits[at] = out.logits[:, -1].to(logits.dtype)
         return logits[: self.n]

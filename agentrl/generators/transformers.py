@@ -16,7 +16,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,7 @@ import anyio
 import torch
 
 from agentrl.generators.base import FinishReason, Generation, SamplingParams, T
-from agentrl.generators.decode_steps import HostCopy, record, suppress_early_stops
+from agentrl.generators.decode_steps import record, suppress_early_stops
 from agentrl.generators.sampling import sample_next
 from agentrl.generators.weights import WeightUpdate, normalize_named_tensors
 
@@ -64,9 +64,13 @@ class _Request:
     result: Generation | None = None
     error: BaseException | None = None
     cancelled: bool = False
+    resolved: bool = False
 
     def resolve(self) -> None:
-        """Wake the awaiting task on its own loop; if that loop is gone nobody is waiting."""
+        """Wake the awaiting task on its own loop (once); if that loop is gone nobody is waiting."""
+        if self.resolved:
+            return
+        self.resolved = True
         try:
             self.notify(self.done.set)
         except RuntimeError:
@@ -90,6 +94,8 @@ class TransformersGenerator:
 
     ``training_alongside``: a learner runs forwards on another thread while this generator
     decodes (rollouts ahead); process-global switches are then set once, never per batch.
+    ``continuous`` (static cache only): a queued request may take over the row of a finished one
+    while a batch runs (``agentrl/generators/continuous.py``), checked every ``admit_every`` steps.
     ``host_rollouts``: whether ``run_rollouts`` serves the batches on the calling thread
     (``run_hosted``) rather than on a model thread of its own; default (None): on CPU only, where
     a second thread doing torch work costs every op a kernel wake-up.
@@ -108,9 +114,13 @@ class TransformersGenerator:
         weights_dtype: torch.dtype | None = None,
         training_alongside: bool = False,
         host_rollouts: bool | None = None,
+        continuous: bool = False,
+        admit_every: int = 16,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if admit_every < 1:
+            raise ValueError(f"admit_every must be >= 1, got {admit_every}")
         self.source = model  # the module whose weights this generator decodes with
         self._copy = weights_dtype is not None and next(model.parameters()).dtype != weights_dtype
         if self._copy:
@@ -135,11 +145,13 @@ class TransformersGenerator:
         self._keep_last_logits = "logits_to_keep" in signature
         self._cache_kwarg = "cache" if "cache" in signature else "past_key_values"  # renamed in transformers 5.x
         self.stats: dict[str, Any] = {
-            "batches": 0, "forward_passes": 0, "batch_sizes": [], "tokens_generated": 0, "weight_updates": 0,
+            "batches": 0, "forward_passes": 0, "batch_sizes": [], "tokens_generated": 0, "weight_updates": 0, "admitted": 0, "admissions": 0,
         }
+        self.continuous, self.admit_every = continuous, admit_every
         self._cond = threading.Condition()
         self._pending: deque[_Request] = deque()
         self._weights_lock = threading.Lock()  # held for a whole batch, so weights never change mid-batch
+        self._updates_waiting = 0  # callers waiting for that lock (under _cond): a running batch stops admitting
         self._thread: threading.Thread | None = None
         self._host: threading.Event | None = None  # set while run_hosted serves batches on its caller's thread
         self._closed = False
@@ -234,7 +246,7 @@ class TransformersGenerator:
     def begin_rollout(self) -> None:
         """Give the generation copy (if any) its weights, cast from ``source`` (one pass over them)."""
         if self._copy and not self._foreign:
-            with self._weights_lock:
+            with self._exclusive():
                 self._set_copy_weights(self.model, self.source)
 
     def end_rollout(self) -> None:
@@ -242,7 +254,7 @@ class TransformersGenerator:
         and the generation copy's weights."""
         self.release_memory()
         if self._copy and not self._foreign:
-            with self._weights_lock:
+            with self._exclusive():
                 self._set_copy_weights(self.model, None)
 
     def load_weights(self, update: WeightUpdate) -> None:
@@ -263,6 +275,19 @@ class TransformersGenerator:
                     return  # update_weights counted it
         self.stats["weight_updates"] += 1
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """The weights lock, for work between batches; a running batch stops admitting requests
+        meanwhile (continuous batching would otherwise keep it running, and the caller waiting)."""
+        with self._cond:
+            self._updates_waiting += 1
+        try:
+            with self._weights_lock:
+                yield
+        finally:
+            with self._cond:
+                self._updates_waiting -= 1
+
     @staticmethod
     def _set_copy_weights(target: torch.nn.Module, source: torch.nn.Module | None) -> None:
         """Cast ``source``'s parameters into ``target`` (same names), or empty them when None."""
@@ -278,7 +303,7 @@ class TransformersGenerator:
     def _write_copy(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Give the generation copy weights read from an update (checkpoint names; tied head optional)."""
         given = dict(normalize_named_tensors(named))
-        with self._weights_lock, torch.no_grad():
+        with self._exclusive(), torch.no_grad():
             for name, q in self.model.named_parameters():
                 if name not in given:
                     raise ValueError(f"load_weights: the update has no tensor for {name}")
@@ -287,7 +312,7 @@ class TransformersGenerator:
     def release_memory(self) -> None:
         """Free the static KV caches and CUDA graphs between rollouts (recaptured on next use)."""
         if self.static is not None:
-            with self._weights_lock:
+            with self._exclusive():
                 self.static.invalidate()
 
     def update_weights(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -306,7 +331,7 @@ class TransformersGenerator:
         wrong = [f"{n}: {tuple(t.shape)} != {tuple(targets[n].shape)}" for n, t in items if t.shape != targets[n].shape]
         if wrong:
             raise ValueError(f"update_weights: shape mismatch: {wrong[:10]}")
-        with self._weights_lock, torch.no_grad():
+        with self._exclusive(), torch.no_grad():
             for name, tensor in items:
                 targets[name].copy_(tensor)
         self.stats["weight_updates"] += 1
@@ -421,6 +446,8 @@ class TransformersGenerator:
             if exc.__traceback__ is not None:
                 traceback.clear_frames(exc.__traceback__)  # free the batch's tensors (think OOM)
             for req in batch:
+                if req.resolved:  # finished (and answered) before the failure
+                    continue
                 err = GenerationError(f"generation failed for a batch of {len(batch)} request(s): {exc!r}")
                 err.__cause__ = exc
                 req.error = err
@@ -514,35 +541,21 @@ class TransformersGenerator:
         return [Generation(tokens[i], logprobs[i], finish[i] or "abort") for i in range(n)]
 
     def _decode_static(self, reqs: list[_Request]) -> list[Generation]:
-        """The same loop over a static cache: rows never shrink, each step is one graph replay.
+        """The static-cache loop, with continuous batching (agentrl/generators/continuous.py)."""
+        from agentrl.generators.continuous import decode_continuous
 
-        Pipelined: the step that consumes token t is launched before the host reads token t back,
-        so the host's bookkeeping overlaps the GPU's next step; the batch ends one (discarded)
-        step after its last row finishes.
-        """
-        assert self.static is not None
-        n = len(reqs)
-        gens = [None if r.sampling.seed is None else torch.Generator().manual_seed(r.sampling.seed) for r in reqs]
-        stops = [set(r.sampling.stop_token_ids) for r in reqs]
-        params = [r.sampling for r in reqs]
-        tokens: list[list[int]] = [[] for _ in reqs]
-        logprobs: list[list[float]] = [[] for _ in reqs]
-        finish: list[FinishReason | None] = [None] * n
-        batch = self.static.start([r.prompt for r in reqs], max(r.max_tokens for r in reqs) + 1)
-        self.stats["forward_passes"] += 1
-        rows = list(range(n))
-        any_min = any(p.min_tokens > 0 for p in params)
-        to_host = HostCopy(n, self.device)
-        logits = batch.prefill_logits
-        while True:
-            if any_min:
-                logits = suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
-            tok, lp = sample_next(logits, params, gens)
-            to_host.start(tok, lp)
-            logits = batch.step(tok)  # speculative: runs while the host looks at tok
-            self.stats["forward_passes"] += 1
-            record(reqs, rows, *to_host.wait(), tokens, logprobs, finish, stops)
-            if all(f is not None for f in finish):
-                break
-        self.stats["tokens_generated"] += sum(len(t) for t in tokens)
-        return [Generation(tokens[i], logprobs[i], finish[i] or "abort") for i in range(n)]
+        return decode_continuous(self, reqs)
+
+    def _admissible(self, fits: Callable[[int, int], bool], limit: int, least: int = 1) -> list[_Request]:
+        """Up to ``limit`` queued requests that ``fits(prompt length, max_tokens)`` allows to join the
+        running batch, in arrival order, if there are at least ``least`` of them; none while a
+        weight update waits for the batch to end."""
+        with self._cond:
+            if self._closed or self._updates_waiting or len(self._pending) < least:
+                return []
+            ready = [req for req in self._pending if not req.cancelled and fits(len(req.prompt), req.max_tokens)][:limit]
+            if len(ready) < least:
+                return []
+            taken = set(map(id, ready))
+            self._pending = deque(req for req in self._pending if id(req) not in taken and not req.cancelled)
+        return ready
