@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 
 def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[Generation]:
-    """The same loop over a static cache, with continuous batching: rows never shrink, each step
-    is one graph replay, and a finished row's request is answered at once.
+    """Decode ``reqs`` over a static cache: rows never shrink and each step is one graph replay.
 
     Pipelined: the step that consumes token t is launched before the host reads token t back,
     so the host's bookkeeping overlaps the GPU's next step. With ``gen.continuous``, a finished
