@@ -117,7 +117,12 @@ class Learner:
         if self.settings.sort_by_length and len(rows) > 1:
             order = torch.sort(batch.lengths[rows], descending=True, stable=True).indices
             rows = rows[order]
-        return list(rows.split(self.settings.micro_batch_size))
+        micro = list(rows.split(self.settings.micro_batch_size))
+        if self.settings.micro_batch_size > 1 and len(micro) > 1 and len(micro[-1]) == 1:
+            # no lone last row: the compiled layers specialise a batch of one and would compile
+            # again, mid-run (seconds on a GPU), the first time rows % micro_batch_size == 1
+            micro[-2:] = [micro[-2][:-1], torch.cat([micro[-2][-1:], micro[-1]])]
+        return micro
 
     def _logprobs(self, model: Any, batch: Batch, idx: torch.Tensor, entropy: bool = False) -> tuple[Any, int]:
         s, dev = self.settings, self.accelerator.device

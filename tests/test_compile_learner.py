@@ -125,6 +125,28 @@ def test_when_the_layers_are_compiled():
     assert off is None and "Linear exposes no get_decoder().layers" in why
 
 
+def test_a_step_whose_rows_leave_one_over_compiles_the_layers_once():
+    """8 rows in micro-batches of 7 would leave a micro-batch of one row, which the compiled layers
+    specialise (a second compile, mid-run on a GPU); the learner splits 6 + 2 instead."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()  # compile afresh: one graph for the layers, whatever earlier tests compiled
+    before = dynamo.utils.counters["stats"]["unique_graphs"]
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    settings = LearnSettings(
+        micro_batch_size=7, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=16,
+        max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1,
+    )
+    layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+    learner = Learner(Accelerator(cpu=True), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+                      Reference(model, "full", 0.0), LossConfig(loss_type="dapo"), settings, layers)
+    batch = build_batch(groups(), pad_id=0)
+    assert len(batch) == 8
+    list(learner.learn(batch, 0))
+    assert dynamo.utils.counters["stats"]["unique_graphs"] - before == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compiled_layers_on_cuda_bf16_autocast():
