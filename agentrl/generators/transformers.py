@@ -24,6 +24,7 @@ import anyio
 import torch
 
 from agentrl.generators.base import FinishReason, Generation, SamplingParams, T
+from agentrl.generators.continuous import decode_continuous
 from agentrl.generators.decode_steps import record, suppress_early_stops
 from agentrl.generators.sampling import sample_next
 from agentrl.generators.weights import WeightUpdate, normalize_named_tensors
@@ -541,9 +542,7 @@ class TransformersGenerator:
         return [Generation(tokens[i], logprobs[i], finish[i] or "abort") for i in range(n)]
 
     def _decode_static(self, reqs: list[_Request]) -> list[Generation]:
-        """The static-cache loop, with continuous batching (agentrl/generators/continuous.py)."""
-        from agentrl.generators.continuous import decode_continuous
-
+        """The static-cache loop (continuous batching when asked): agentrl/generators/continuous.py."""
         return decode_continuous(self, reqs)
 
     def _admissible(self, fits: Callable[[int, int], bool], limit: int, least: int = 1) -> list[_Request]:
