@@ -67,6 +67,27 @@ def _register_gqa_decode() -> bool:
     return True
 
 
+def left_pad(prompts: list[list[int]], rows: int, width: int, pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[rows, width]`` token ids with each prompt right-aligned, and which columns are real (host
+    tensors; rows past ``len(prompts)`` are all padding)."""
+    ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    valid = torch.zeros((rows, width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        valid[i, width - len(p):] = True
+    return ids, valid
+
+
+def dynamic_cache(config: Any) -> Any:
+    """An empty transformers ``DynamicCache`` for a model of ``config`` (older versions take none)."""
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=config)
+    except TypeError:
+        return DynamicCache()
+
+
 def _bucket(n: int, minimum: int) -> int:
     """The next power of two >= max(n, minimum)."""
     size = minimum
@@ -237,11 +258,7 @@ class StaticBatch:
         self.decoder, self.slot, self.n, self.width = decoder, slot, len(prompts), width
         dev = decoder.device
         batch, length = slot.mask.shape[0], slot.mask.shape[-1]
-        ids = torch.full((batch, width), decoder.pad_token_id, dtype=torch.long)
-        valid = torch.zeros((batch, width), dtype=torch.bool)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            valid[i, width - len(p):] = True
+        ids, valid = left_pad(prompts, batch, width, decoder.pad_token_id)
         ids, valid = ids.to(dev), valid.to(dev)
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         # prefill mask: causal over valid prompt columns; padding (and dummy) query rows see only
@@ -295,22 +312,13 @@ class StaticBatch:
         positions restart from the prompt's length. Every layer's keys are position-encoded
         already, so where in the row they sit does not matter. Call only when ``fits``.
         """
-        from transformers import DynamicCache
-
         dec, slot, col = self.decoder, self.slot, self.column
         width = max(len(p) for p in prompts)
         if width > col or any(r >= self.rows for r in rows):
             raise ValueError(f"cannot admit prompts of up to {width} tokens at column {col} into rows {rows}")
-        ids = torch.full((len(prompts), width), dec.pad_token_id, dtype=torch.long)
-        valid = torch.zeros((len(prompts), width), dtype=torch.bool)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            valid[i, width - len(p):] = True
+        ids, valid = left_pad(prompts, len(prompts), width, dec.pad_token_id)
         ids, valid = ids.to(dec.device), valid.to(dec.device)
-        try:
-            cache = DynamicCache(config=dec.model.config)
-        except TypeError:
-            cache = DynamicCache()
+        cache = dynamic_cache(dec.model.config)
         out = dec.model(
             input_ids=ids, attention_mask=valid.long(), position_ids=(valid.long().cumsum(-1) - 1).clamp(min=0),
             use_cache=True, logits_to_keep=1, **{dec._cache_kwarg: cache},

@@ -27,6 +27,7 @@ from agentrl.generators.base import FinishReason, Generation, SamplingParams, T
 from agentrl.generators.continuous import decode_continuous
 from agentrl.generators.decode_steps import record, suppress_early_stops
 from agentrl.generators.sampling import sample_next
+from agentrl.generators.static_decode import dynamic_cache, left_pad
 from agentrl.generators.weights import WeightUpdate, normalize_named_tensors
 
 __all__ = ["GenerationError", "GeneratorClosedError", "TransformersGenerator", "sample_next"]
@@ -488,12 +489,7 @@ class TransformersGenerator:
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _new_cache(self) -> Any:
-        from transformers import DynamicCache
-
-        try:
-            return DynamicCache(config=self.model.config)
-        except TypeError:
-            return DynamicCache()
+        return dynamic_cache(self.model.config)
 
     def _decode(self, reqs: list[_Request]) -> list[Generation]:
         """Left-padded prefill, then one token per step for the rows still running."""
@@ -502,12 +498,8 @@ class TransformersGenerator:
         dev, n = self.device, len(reqs)
         lens = [len(r.prompt) for r in reqs]
         width = max(lens)
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, r in enumerate(reqs):
-            ids[i, width - lens[i]:] = torch.tensor(r.prompt, dtype=torch.long)
-            mask[i, width - lens[i]:] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
+        ids, valid = left_pad([r.prompt for r in reqs], n, width, self.pad_token_id)
+        ids, mask = ids.to(dev), valid.long().to(dev)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         next_pos = torch.tensor(lens, dtype=torch.long, device=dev)
         gens = [
