@@ -36,7 +36,7 @@ class GeneratorSettings(Strict):
     backend: Literal["transformers", "vllm", "vllm-server"] = Field("transformers", description="who generates (shortcut: generator=...)")
     # transformers
     max_batch_size: int = Field(256, ge=1, description="transformers: requests decoded together")
-    gather_window_s: float = Field(0.005, ge=0, description="transformers: how long to gather concurrent requests into one batch")
+    gather_window_s: float = Field(0.005, ge=0, description="transformers: for callers other than the rollout engine (which says how many episodes run), how long after the last request a batch waits for more")
     cuda_graphs: bool | None = Field(
         None, description="static KV cache + CUDA-graph decode (4-5x faster decoding; docs/performance.md); null: on when the policy is on CUDA and the model supports it (one line says why not)"
     )

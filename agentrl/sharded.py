@@ -175,6 +175,11 @@ class GatheredGenerator:
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
         return await self.inner.generate(prompt_ids, sampling)
 
+    def track_episodes(self, delta: int) -> None:
+        track = getattr(self.inner, "track_episodes", None)
+        if track is not None:
+            track(delta)
+
     def begin_rollout(self) -> None:
         if self.gathered != self.version:
             gather_into(self.policy, self.copy)

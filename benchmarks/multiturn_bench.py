@@ -152,6 +152,11 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         print("STEP", r["step"], "well_formed", r.get("rollout/tools/well_formed_rate"), "calls", r.get("rollout/tools/calls"),
               "sampled", r.get("rollout/tokens/sampled"), "reward", r.get("reward/mean"), "grad_norm", r.get("grad_norm"),
               "skipped", r.get("train/skipped_nonfinite"), file=sys.stderr, flush=True)
+    trace = list(trainer.generator.stats.get("trace", []))
+    t0 = trace[0]["start"] if trace else 0.0
+    for b in trace:  # the generator's batches: when, how long, how many requests and forward passes
+        print(f"BATCH at {b['start'] - t0:8.3f} s  {1000 * (b['end'] - b['start']):7.1f} ms  requests {b['requests']:3d}"
+              f"  admitted {b['admitted']:3d}  passes {b['forward_passes']:4d}  longest prompt {b['longest_prompt']}", file=sys.stderr)
     later = rows[1:] or rows
     step = statistics.median(r["perf/step_s"] for r in later)
     gen = statistics.median(r["rollout/elapsed_s"] for r in later)
@@ -169,6 +174,8 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         "calls_per_step": [r.get("rollout/tools/calls") for r in rows],
         "gen_s_steps": [round(r["rollout/elapsed_s"], 2) for r in rows], "learn_s_steps": [round(r["perf/train_s"], 2) for r in rows],
         "generator": {k: trainer.generator.stats.get(k) for k in ("batches", "admitted", "admissions", "forward_passes")},
+        # seconds per rollout inside the generator's batches (the rest of gen_s: between batches)
+        "batch_s_per_step": sum(b["end"] - b["start"] for b in trace) / len(rows) if trace else None,
     }
 
 

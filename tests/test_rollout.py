@@ -149,6 +149,33 @@ def test_tool_wait_overlaps_other_episodes_generation(model, fmt):
     assert all(t.ok for g in groups for t in g.trajectories)
 
 
+def test_each_turn_goes_out_as_one_batch_however_long_the_tools_take(model, fmt):
+    """Tools that take different times spread an episode's next request out past the gather
+    window; the engine counts its running episodes for the generator, which waits for each of
+    them instead of closing the batch at the first pause (that split turns into extra batches)."""
+    engine = engine_for(model, fmt, max_turns=3)
+    engine.generator.max_gather_s = 60.0  # the count decides, not the clock (a loaded machine)
+    delays = iter([0.0, 0.05, 0.01, 0.04, 0.02, 0.03] * 10)
+
+    @tool(name="calculator")
+    async def slow(expression: str) -> str:
+        """Evaluate an arithmetic expression.
+
+        Args:
+            expression: The expression, e.g. "12 * 7".
+        """
+        from agentrl.tools.calculator import evaluate, format_number
+
+        await anyio.sleep(next(delays))
+        return format_number(evaluate(expression))
+
+    env = ToolEnvironment(tools=[slow], rewards=[Reward(correct)], datasets={"train": make("calculator").dataset("test")}, max_turns=3)
+    groups = run(engine, env, list(env.dataset("train"))[:6])
+    turns = [len(t.turns) for g in groups for t in g.trajectories]
+    assert max(turns) >= 2 and sum(t > 1 for t in turns) >= 3  # tools ran between turns
+    assert engine.generator.stats["batch_sizes"] == [sum(t > k for t in turns) for k in range(max(turns))]
+
+
 def test_blocking_sync_tool_runs_in_a_thread(model, fmt):
     engine = engine_for(model, fmt)
     engine.record_events = True

@@ -78,17 +78,41 @@ class RolloutEngine:
             for g, task in enumerate(tasks)
         ]
 
+        # A generator that batches concurrent requests waits for the next request of every episode
+        # that will send one: counted from the start (the first to arrive must not go alone), at
+        # most the limiter's capacity, one fewer as each ends once no episode waits to start.
+        track = getattr(self.generator, "track_episodes", None)
+        capacity = self.config.max_concurrent_episodes
+        unfinished = len(groups) * n
+        expected = min(unfinished, capacity) if track is not None else 0
+        if expected:
+            track(expected)
+
+        def finished() -> None:
+            nonlocal unfinished, expected
+            unfinished -= 1
+            if expected and unfinished < capacity:
+                expected -= 1
+                track(-1)
+
         async def one(g: int, i: int) -> None:
             async with limiter:
-                traj = await self.run_episode(env, groups[g].task, groups[g].seed, group=g, index=i)
+                try:
+                    traj = await self.run_episode(env, groups[g].task, groups[g].seed, group=g, index=i)
+                finally:
+                    finished()
             groups[g].trajectories[i] = traj
             if on_episode is not None:
                 on_episode(traj)
 
-        async with anyio.create_task_group() as tg:
-            for g in range(len(groups)):
-                for i in range(n):
-                    tg.start_soon(one, g, i)
+        try:
+            async with anyio.create_task_group() as tg:
+                for g in range(len(groups)):
+                    for i in range(n):
+                        tg.start_soon(one, g, i)
+        finally:
+            if expected:  # cancelled: episodes that never started leave the count too
+                track(-expected)
         return groups
 
     async def run_episode(
