@@ -159,3 +159,20 @@ def test_register_a_new_family(monkeypatch: pytest.MonkeyPatch, tiny_tok: Any) -
 def test_default_template_is_the_packaged_file() -> None:
     path = Path(chat.__file__).parent / "templates" / "chatml_tools.jinja"
     assert default_template() == path.read_text(encoding="utf-8")
+
+
+def test_encode_remembers_pieces_but_hands_out_fresh_lists(qwen3_tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``encode`` remembers what it tokenized (a rollout encodes the same pieces every turn): a
+    caller that changes the list it got must not change the next caller's, and the memory is bounded."""
+    import agentrl.chat.base as base
+
+    fmt = get_chat_format(qwen3_tok)
+    text = "<|im_start|>user\nWhat is 12 * 7?<|im_end|>\n<|im_start|>assistant\n"
+    plain = list(qwen3_tok(text, add_special_tokens=False)["input_ids"])
+    first = fmt.encode(text)
+    first.append(-1)
+    assert fmt.encode(text) == plain
+    monkeypatch.setattr(base, "ENCODED_PIECES", 3)
+    for i in range(10):
+        assert fmt.encode(f"piece {i}") == list(qwen3_tok(f"piece {i}", add_special_tokens=False)["input_ids"])
+    assert len(fmt._encoded) <= 3

@@ -23,6 +23,8 @@ _DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>")
 _PROBE_REPLY = "agentrl probe reply"
 # Outputs longer than this (characters) are parsed off the event loop by ``ChatFormat.aparse``.
 OFFLOAD_CHARS = 32_768
+# Pieces of template text ``ChatFormat.encode`` remembers (a few MB of text and ids at most).
+ENCODED_PIECES = 4096
 
 
 def encode_cut(encode: Callable[[str], list[int]], text: str, prompt: str) -> list[int]:
@@ -80,6 +82,7 @@ class ChatFormat:
         self._eot_ids, self._stop_ids = self._find_end_tokens()
         self._guard = ContentGuard(tokenizer, chat_template)
         self._prompts: dict[Any, str] = {}  # template kwargs -> generation prompt text
+        self._encoded: dict[str, list[int]] = {}  # piece of template text -> its ids (see encode)
 
     def __repr__(self) -> str:
         return f"ChatFormat(name={self.name!r}, template={self.template_source!r}, eot={self.eot_token_ids})"
@@ -104,8 +107,21 @@ class ChatFormat:
         )
 
     def encode(self, text: str) -> list[int]:
-        """Ids of template text; the template writes its own BOS, so none is added (as transformers does)."""
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Ids of template text; the template writes its own BOS, so none is added (as transformers does).
+
+        Remembered by text: a rollout encodes the same pieces over and over (renders are encoded
+        in pieces that end at each generation prompt, and every turn's bridge renders the whole
+        conversation twice, so an episode's earlier turns, and its group's shared first piece,
+        come back every turn). Tokenization is a pure function of the text; the memory is
+        dropped whole when it passes ``ENCODED_PIECES`` entries.
+        """
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(self._encoded) >= ENCODED_PIECES:
+                self._encoded.clear()
+            self._encoded[text] = ids
+        return list(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids with special tokens kept, exactly as the model produced it."""
