@@ -89,6 +89,34 @@ def test_greedy_matches_hf_generate_with_left_padding(gen):
         assert torch.allclose(torch.tensor(res.logprobs), ref, atol=1e-4)
 
 
+def test_a_prefix_every_prompt_shares_is_encoded_once_and_decodes_as_if_alone(gen):
+    """Prompts that start alike (a system prompt and tool schemas) share one prefill of that
+    prefix; the tails differ in length (padding then sits between prefix and tail), and one
+    prompt is the prefix plus a single token."""
+    prefix = [(7 * i) % 50 + 3 for i in range(40)]
+    prompts = [prefix + [9], prefix + [5, 9, 13, 21], prefix + [1, 2, 3, 4, 5, 6, 7, 8], prefix + [42, 42]]
+    n = 8
+    passes = gen.stats["forward_passes"]
+    results = run_all(gen, [(p, SamplingParams(temperature=0, max_tokens=n)) for p in prompts])
+    assert gen.stats["batches"] == 1
+    if gen.static is None:  # the dynamic path: the prefix's forward, the tails', then one per token
+        assert gen.stats["forward_passes"] - passes == 2 + (n - 1)
+    for prompt, res in zip(prompts, results):
+        assert res.token_ids == hf_greedy(gen.model, prompt, n)
+        with torch.no_grad():
+            logits = gen.model(torch.tensor([prompt + res.token_ids])).logits[0, len(prompt) - 1 : -1]
+        ref = logits.log_softmax(-1).gather(1, torch.tensor(res.token_ids)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(res.logprobs), ref, atol=1e-4)
+
+
+def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
+    from agentrl.generators.transformers import shared_prefix
+
+    assert shared_prefix([[1, 2, 3], [1, 2, 4], [1, 2, 3, 5]]) == 2
+    assert shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the first is all prefix: it keeps its last token
+    assert shared_prefix([[1, 2], [3, 4]]) == 0
+
+
 def test_sampled_logprobs_match_recomputation(gen):
     t = 0.7
     results = run_all(gen, [(p, SamplingParams(temperature=t, max_tokens=10, seed=i)) for i, p in enumerate(PROMPTS)])

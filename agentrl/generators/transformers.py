@@ -79,6 +79,21 @@ class _Request:
             pass
 
 
+# Shorter common prefixes are not worth the extra forward call.
+MIN_SHARED_PREFIX = 16
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens all ``prompts`` share, leaving each at least one of its own."""
+    first, last = min(prompts), max(prompts)  # lexicographic: their common prefix is everyone's
+    k = 0
+    for a, b in zip(first, last):
+        if a != b:
+            break
+        k += 1
+    return min(k, min(len(p) for p in prompts) - 1)
+
+
 class TransformersGenerator:
     """Serve concurrent ``generate`` calls from one HF causal LM by batching them.
 
@@ -531,10 +546,22 @@ class TransformersGenerator:
             return self._decode_static(reqs)
         dev, n = self.device, len(reqs)
         lens = [len(r.prompt) for r in reqs]
-        width = max(lens)
-        ids, valid = left_pad([r.prompt for r in reqs], n, width, self.pad_token_id)
-        ids, mask = ids.to(dev), valid.long().to(dev)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = self._new_cache()
+        # The tokens every prompt starts with (a system prompt, tool schemas, a group's question)
+        # are encoded once and their keys and values copied to every row; each row keeps at least
+        # its last token for the batched forward, which gives the logits to sample from.
+        shared = shared_prefix([r.prompt for r in reqs]) if n > 1 else 0
+        if shared < MIN_SHARED_PREFIX:
+            shared = 0
+        if shared:
+            prefix = torch.tensor([reqs[0].prompt[:shared]], dtype=torch.long, device=dev)
+            self._forward(prefix, torch.ones_like(prefix), torch.arange(shared, device=dev)[None], cache)
+            cache.batch_repeat_interleave(n)
+        tails = [r.prompt[shared:] for r in reqs]
+        ids, valid = left_pad(tails, n, max(len(t) for t in tails), self.pad_token_id)
+        ids = ids.to(dev)
+        mask = torch.cat([torch.ones((n, shared), dtype=torch.long), valid.long()], dim=1).to(dev)  # padding sits between prefix and tail
+        positions = ((mask.cumsum(-1) - 1).clamp(min=0))[:, shared:]
         next_pos = torch.tensor(lens, dtype=torch.long, device=dev)
         gens = [
             None if r.sampling.seed is None else torch.Generator().manual_seed(r.sampling.seed)
@@ -545,7 +572,6 @@ class TransformersGenerator:
         logprobs: list[list[float]] = [[] for _ in reqs]
         finish: list[FinishReason | None] = [None] * n
         rows = list(range(n))  # batch row -> request index; shrinks as rows finish
-        cache = self._new_cache()
         logits = self._forward(ids, mask, positions, cache)
         any_min = any(r.sampling.min_tokens > 0 for r in reqs)
         while True:
