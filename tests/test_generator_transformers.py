@@ -110,7 +110,7 @@ def test_a_prefix_every_prompt_shares_is_encoded_once_and_decodes_as_if_alone(ge
 
 
 def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
-    from agentrl.generators.transformers import shared_prefix
+    from agentrl.generators.dynamic_decode import shared_prefix
 
     assert shared_prefix([[1, 2, 3], [1, 2, 4], [1, 2, 3, 5]]) == 2
     assert shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the first is all prefix: it keeps its last token

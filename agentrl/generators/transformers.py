@@ -23,11 +23,10 @@ from typing import Any
 import anyio
 import torch
 
-from agentrl.generators.base import FinishReason, Generation, SamplingParams, T
+from agentrl.generators.base import Generation, SamplingParams, T
 from agentrl.generators.continuous import decode_continuous
-from agentrl.generators.decode_steps import record, suppress_early_stops
+from agentrl.generators.dynamic_decode import decode_dynamic
 from agentrl.generators.sampling import sample_next
-from agentrl.generators.static_decode import dynamic_cache, left_pad
 from agentrl.generators.weights import WeightUpdate, normalize_named_tensors
 
 __all__ = ["GenerationError", "GeneratorClosedError", "TransformersGenerator", "sample_next"]
@@ -77,21 +76,6 @@ class _Request:
             self.notify(self.done.set)
         except RuntimeError:
             pass
-
-
-# Shorter common prefixes are not worth the extra forward call.
-MIN_SHARED_PREFIX = 16
-
-
-def shared_prefix(prompts: list[list[int]]) -> int:
-    """How many leading tokens all ``prompts`` share, leaving each at least one of its own."""
-    first, last = min(prompts), max(prompts)  # lexicographic: their common prefix is everyone's
-    k = 0
-    for a, b in zip(first, last):
-        if a != b:
-            break
-        k += 1
-    return min(k, min(len(p) for p in prompts) - 1)
 
 
 class TransformersGenerator:
@@ -537,61 +521,12 @@ class TransformersGenerator:
 
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
-    def _new_cache(self) -> Any:
-        return dynamic_cache(self.model.config)
-
     def _decode(self, reqs: list[_Request]) -> list[Generation]:
-        """Left-padded prefill, then one token per step for the rows still running."""
+        """One batch: the static-cache loop (agentrl/generators/continuous.py) or the dynamic-cache
+        one (agentrl/generators/dynamic_decode.py)."""
         if self.static is not None:
             return self._decode_static(reqs)
-        dev, n = self.device, len(reqs)
-        lens = [len(r.prompt) for r in reqs]
-        cache = self._new_cache()
-        # The tokens every prompt starts with (a system prompt, tool schemas, a group's question)
-        # are encoded once and their keys and values copied to every row; each row keeps at least
-        # its last token for the batched forward, which gives the logits to sample from.
-        shared = shared_prefix([r.prompt for r in reqs]) if n > 1 else 0
-        if shared < MIN_SHARED_PREFIX:
-            shared = 0
-        if shared:
-            prefix = torch.tensor([reqs[0].prompt[:shared]], dtype=torch.long, device=dev)
-            self._forward(prefix, torch.ones_like(prefix), torch.arange(shared, device=dev)[None], cache)
-            cache.batch_repeat_interleave(n)
-        tails = [r.prompt[shared:] for r in reqs]
-        ids, valid = left_pad(tails, n, max(len(t) for t in tails), self.pad_token_id)
-        ids = ids.to(dev)
-        mask = torch.cat([torch.ones((n, shared), dtype=torch.long), valid.long()], dim=1).to(dev)  # padding sits between prefix and tail
-        positions = ((mask.cumsum(-1) - 1).clamp(min=0))[:, shared:]
-        next_pos = torch.tensor(lens, dtype=torch.long, device=dev)
-        gens = [
-            None if r.sampling.seed is None else torch.Generator().manual_seed(r.sampling.seed)
-            for r in reqs
-        ]
-        stops = [set(r.sampling.stop_token_ids) for r in reqs]
-        tokens: list[list[int]] = [[] for _ in reqs]
-        logprobs: list[list[float]] = [[] for _ in reqs]
-        finish: list[FinishReason | None] = [None] * n
-        rows = list(range(n))  # batch row -> request index; shrinks as rows finish
-        logits = self._forward(ids, mask, positions, cache)
-        any_min = any(r.sampling.min_tokens > 0 for r in reqs)
-        while True:
-            if any_min:
-                logits = suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
-            tok, lp = sample_next(logits, [reqs[i].sampling for i in rows], [gens[i] for i in rows])
-            record(reqs, rows, tok.tolist(), lp.tolist(), tokens, logprobs, finish, stops)  # finished rows: ignored
-            live = [j for j, i in enumerate(rows) if finish[i] is None]
-            if not live:
-                break
-            if len(live) <= 0.75 * len(rows):  # drop finished rows once enough of them pile up
-                keep = torch.tensor(live, dtype=torch.long, device=dev)
-                cache.batch_select_indices(keep)
-                mask, next_pos, tok = mask[keep], next_pos[keep], tok[keep]
-                rows = [rows[j] for j in live]
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            logits = self._forward(tok[:, None], mask, next_pos[:, None], cache)
-            next_pos = next_pos + 1
-        self.stats["tokens_generated"] += sum(len(t) for t in tokens)
-        return [Generation(tokens[i], logprobs[i], finish[i] or "abort") for i in range(n)]
+        return decode_dynamic(self, reqs)
 
     def _decode_static(self, reqs: list[_Request]) -> list[Generation]:
         """The static-cache loop (continuous batching when asked): agentrl/generators/continuous.py."""
