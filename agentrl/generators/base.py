@@ -85,6 +85,10 @@ class Generator(Protocol):
     ``run_rollouts(rollouts)`` is how a caller starts the event loop that awaits ``generate``
     (train, eval and the background rollouts all do): the backend decides which thread does its
     compute meanwhile, so no caller asks which backend (or wrapper) it holds.
+
+    Optional: a backend that batches concurrent requests may define ``track_episodes(delta)``;
+    the rollout engine then tells it how many of its episodes will send requests (their number
+    at the start, one fewer as each ends), so a batch can wait for each of them.
     """
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
