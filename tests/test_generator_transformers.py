@@ -109,6 +109,23 @@ def test_a_prefix_every_prompt_shares_is_encoded_once_and_decodes_as_if_alone(ge
         assert torch.allclose(torch.tensor(res.logprobs), ref, atol=1e-4)
 
 
+def test_a_sliding_window_model_prefills_every_row_whole():
+    """Padding between a shared prefix and a row's tail would shift the tail's cache columns, and a
+    sliding window counts columns: such a model keeps plain left padding and HF's tokens."""
+    torch.manual_seed(0)
+    sliding = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=32, num_key_value_heads=1,
+        intermediate_size=64, use_sliding_window=True, sliding_window=16, max_window_layers=0, initializer_range=0.2,
+    )).eval()
+    prefix = [(7 * i) % 50 + 3 for i in range(40)]
+    prompts = [prefix + [9], prefix + [5, 9, 13, 21], prefix + [1, 2, 3, 4, 5, 6, 7, 8]]
+    gen = TransformersGenerator(sliding, 0, gather_window_s=0.05)
+    results = run_all(gen, [(p, SamplingParams(temperature=0, max_tokens=8)) for p in prompts])
+    assert gen.stats["forward_passes"] == 8
+    for prompt, res in zip(prompts, results):
+        assert res.token_ids == hf_greedy(sliding, prompt, 8)
+
+
 def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
     from agentrl.generators.dynamic_decode import shared_prefix
 

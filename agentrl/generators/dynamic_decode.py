@@ -17,7 +17,7 @@ import torch
 from agentrl.generators.base import FinishReason, Generation
 from agentrl.generators.decode_steps import record, suppress_early_stops
 from agentrl.generators.sampling import sample_next
-from agentrl.generators.static_decode import dynamic_cache, left_pad
+from agentrl.generators.static_decode import dynamic_cache, full_attention_only, left_pad, text_config
 
 if TYPE_CHECKING:
     from agentrl.generators.transformers import TransformersGenerator, _Request
@@ -37,6 +37,18 @@ def shared_prefix(prompts: list[list[int]]) -> int:
     return min(k, min(len(p) for p in prompts) - 1)
 
 
+def can_share_prefix(model: torch.nn.Module) -> bool:
+    """Whether a row may hold padding between the shared prefix and its tail.
+
+    The padding moves the tail's keys to later cache columns, not to later positions: harmless
+    where attention reads positions (rotary embeddings over explicit position ids) and sees the
+    whole cache, wrong where it measures distances in cache columns (a sliding window: a tiny
+    sliding-window Qwen2 decoded other greedy tokens; ALiBi-style biases)."""
+    config = text_config(model)
+    rotary = getattr(config, "rope_parameters", None) is not None or getattr(config, "rope_theta", None) is not None
+    return rotary and full_attention_only(model)
+
+
 def decode_dynamic(gen: TransformersGenerator, reqs: list[_Request]) -> list[Generation]:
     """Prefill (the shared prefix once, then every row's left-padded tail), then one token per step
     for the rows still running; finished rows leave the cache once a quarter of the batch has."""
@@ -46,7 +58,7 @@ def decode_dynamic(gen: TransformersGenerator, reqs: list[_Request]) -> list[Gen
     # The tokens every prompt starts with (a system prompt, tool schemas, a group's question)
     # are encoded once and their keys and values copied to every row; each row keeps at least
     # its last token for the batched forward, which gives the logits to sample from.
-    shared = shared_prefix([r.prompt for r in reqs]) if n > 1 else 0
+    shared = shared_prefix([r.prompt for r in reqs]) if n > 1 and can_share_prefix(gen.model) else 0
     if shared < MIN_SHARED_PREFIX:
         shared = 0
     if shared:

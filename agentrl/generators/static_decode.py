@@ -88,6 +88,18 @@ def dynamic_cache(config: Any) -> Any:
         return DynamicCache()
 
 
+def text_config(model: torch.nn.Module) -> Any:
+    """The decoder's config (a multimodal model's text part)."""
+    return model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+
+
+def full_attention_only(model: torch.nn.Module) -> bool:
+    """True when every layer attends to the whole cache (no sliding-window or mixed layers)."""
+    config = text_config(model)
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(t == "full_attention" for t in layer_types) and not getattr(config, "use_sliding_window", False)
+
+
 def _bucket(n: int, minimum: int) -> int:
     """The next power of two >= max(n, minimum)."""
     size = minimum
@@ -150,9 +162,7 @@ class StaticDecoder:
             from transformers.cache_utils import StaticLayer
         except ImportError:
             return "this transformers has no StaticLayer"
-        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
-        layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-        if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
+        if not full_attention_only(model):
             return f"{type(model).__name__} has sliding-window or mixed attention layers"
         if not hasattr(StaticLayer(max_cache_len=1), "cumulative_length"):
             return "this transformers' static cache layers have no cumulative_length"
