@@ -176,9 +176,7 @@ class GatheredGenerator:
         return await self.inner.generate(prompt_ids, sampling)
 
     def track_episodes(self, delta: int) -> None:
-        track = getattr(self.inner, "track_episodes", None)
-        if track is not None:
-            track(delta)
+        self.inner.track_episodes(delta)
 
     def begin_rollout(self) -> None:
         if self.gathered != self.version:

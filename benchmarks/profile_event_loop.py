@@ -52,6 +52,9 @@ def main() -> None:
             out = call if tok.decode(prompt_ids[-400:]).count("<tool_response>") < 2 else answer
             return Generation(out, [-0.1] * len(out), "stop")
 
+        def track_episodes(self, delta: int) -> None:
+            pass
+
     config = RolloutConfig(max_turns=6, max_tokens_per_turn=256, max_completion_tokens=256, max_context=1536)
     engine = RolloutEngine(Scripted(), fmt, config, SamplingParams(temperature=1.0))
     k = max(1, args.episodes // 8)

@@ -119,6 +119,9 @@ class LockstepGenerator:
         self._release_if_complete()
         return await future
 
+    def track_episodes(self, delta: int) -> None:
+        """Ignored: the barrier counts its own live episodes (``episode_done``)."""
+
     def episode_done(self, _traj: Trajectory) -> None:
         self.live -= 1
         self._release_if_complete()

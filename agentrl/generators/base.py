@@ -86,9 +86,9 @@ class Generator(Protocol):
     (train, eval and the background rollouts all do): the backend decides which thread does its
     compute meanwhile, so no caller asks which backend (or wrapper) it holds.
 
-    Optional: a backend that batches concurrent requests may define ``track_episodes(delta)``;
-    the rollout engine then tells it how many of its episodes will send requests (their number
-    at the start, one fewer as each ends), so a batch can wait for each of them.
+    ``track_episodes(delta)``: the rollout engine says how many of its episodes will send
+    requests (their number at the start, one fewer as each ends), so a backend that batches
+    concurrent requests can wait for each of them; a backend with its own scheduler ignores it.
     """
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation: ...
@@ -98,6 +98,8 @@ class Generator(Protocol):
     def end_rollout(self) -> None: ...
 
     def load_weights(self, update: WeightUpdate) -> None: ...
+
+    def track_episodes(self, delta: int) -> None: ...
 
     def run_rollouts(self, rollouts: Callable[[], T]) -> T:
         """Call ``rollouts`` (it runs an event loop whose tasks await ``generate``) and return its

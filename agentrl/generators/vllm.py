@@ -210,6 +210,9 @@ class VLLMGenerator:
         with update.full() as named:
             self.update_weights(named)
 
+    def track_episodes(self, delta: int) -> None:
+        """Nothing to do: vLLM's scheduler takes requests into the running batch as they come."""
+
     def run_rollouts(self, rollouts: Callable[[], T]) -> T:
         """Just ``rollouts()``: the engine steps on its own thread whichever thread awaits it."""
         return rollouts()

@@ -210,6 +210,9 @@ class VLLMServerGenerator:
         with update.full() as named:
             self.update_weights(named)
 
+    def track_episodes(self, delta: int) -> None:
+        """Nothing to do: the server's scheduler takes requests into its running batch as they come."""
+
     def run_rollouts(self, rollouts: Callable[[], T]) -> T:
         """Just ``rollouts()``: the compute is the server's, in another process."""
         return rollouts()

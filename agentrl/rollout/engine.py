@@ -81,10 +81,10 @@ class RolloutEngine:
         # A generator that batches concurrent requests waits for the next request of every episode
         # that will send one: counted from the start (the first to arrive must not go alone), at
         # most the limiter's capacity, one fewer as each ends once no episode waits to start.
-        track = getattr(self.generator, "track_episodes", None)
+        track = self.generator.track_episodes
         capacity = self.config.max_concurrent_episodes
         unfinished = len(groups) * n
-        expected = min(unfinished, capacity) if track is not None else 0
+        expected = min(unfinished, capacity)
         if expected:
             track(expected)
 
