@@ -10,6 +10,7 @@ of it); each row's tail is left-padded after the prefix, so padding sits between
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,7 +18,12 @@ import torch
 from agentrl.generators.base import FinishReason, Generation
 from agentrl.generators.decode_steps import record, suppress_early_stops
 from agentrl.generators.sampling import sample_next
-from agentrl.generators.static_decode import dynamic_cache, full_attention_only, left_pad, text_config
+from agentrl.generators.static_decode import (
+    dynamic_cache,
+    full_attention_only,
+    left_pad,
+    text_config,
+)
 
 if TYPE_CHECKING:
     from agentrl.generators.transformers import TransformersGenerator, _Request
@@ -28,13 +34,7 @@ MIN_SHARED_PREFIX = 16
 
 def shared_prefix(prompts: list[list[int]]) -> int:
     """How many leading tokens all ``prompts`` share, leaving each at least one of its own."""
-    first, last = min(prompts), max(prompts)  # lexicographic: their common prefix is everyone's
-    k = 0
-    for a, b in zip(first, last):
-        if a != b:
-            break
-        k += 1
-    return min(k, min(len(p) for p in prompts) - 1)
+    return min(len(os.path.commonprefix(prompts)), min(len(p) for p in prompts) - 1)
 
 
 def can_share_prefix(model: torch.nn.Module) -> bool:

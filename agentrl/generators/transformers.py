@@ -403,7 +403,8 @@ class TransformersGenerator:
         return box.get("value")
 
     def track_episodes(self, delta: int) -> None:
-        """The rollout engine counts its running episodes here (+1 as one starts, -1 as it ends).
+        """The rollout engine counts here the episodes that will send requests (their number at the
+        start of a run, -1 as each ends once none waits to start).
 
         Why: between turns each episode parses, runs its tools and renders on the event loop, so
         the next turn's requests arrive spread out; any pause longer than ``gather_window_s`` (a
