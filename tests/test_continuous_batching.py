@@ -96,11 +96,12 @@ def test_a_seeded_request_samples_the_same_tokens_whether_admitted_or_alone():
 
 
 @pytest.mark.parametrize(
-    "late", [([2] * 40, GREEDY), ([2, 3], SamplingParams(temperature=0, max_tokens=250))], ids=["prompt-past-the-column", "output-past-the-cache"]
+    "late", [([2] * 40, GREEDY), ([2, 3], SamplingParams(temperature=0, max_tokens=253))], ids=["prompt-past-the-column", "output-past-the-cache"]
 )
 def test_a_request_that_does_not_fit_the_running_batch_waits_for_the_next(late):
     """The first prompt ends at a column the running rows have not reached; the second would run
-    past the end of the batch's cache (prompt 3 + 100 tokens: 256 columns)."""
+    past the end of the batch's cache (prompt 3 + 100 tokens: 256 columns) from any column it can
+    join at (at least 3, the first prompts' width: 3 + 253 + 1 > 256), however late it arrives."""
     gen = static_generator(admit_every=1)
     first = [("long", [1, 2, 3], SamplingParams(temperature=0, max_tokens=100)), ("short", [5, 9, 13], SamplingParams(temperature=0, max_tokens=2))]
     _, res, _ = follow_up(gen, first, late)
