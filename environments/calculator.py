@@ -25,6 +25,7 @@ ANSWER_RE = re.compile(r"answer is\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 # The whole final message as asked: "The answer is N." and nothing else (no call syntax left over).
 ANSWER_ONLY_RE = re.compile(r"\s*(?:the )?answer is\s*-?\d+(?:\.\d+)?\s*\.?\s*", re.IGNORECASE)
 NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+CALL_RE = re.compile(r"\s*(-?\d+(?:\.\d+)?)\s*([-+*/])\s*(-?\d+(?:\.\d+)?)\s*")
 QUESTION_FORMS = ("What is {}?", "Compute {}.", "Calculate {}.")
 SPLIT_SEEDS = {"train": 1, "test": 2}
 
@@ -92,6 +93,62 @@ def progress(messages: list[dict[str, Any]], steps: Sequence[str], state: dict[s
     return new / max(1, len(values))
 
 
+def _number(text: Any) -> Fraction | None:
+    try:
+        return Fraction(str(text).strip())
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _calls(messages: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
+    """Each tool call of the episode in order, as (its ``expression`` argument or None, the tool's
+    reply or None)."""
+    calls: list[list[Any]] = []
+    answered = 0
+    for m in messages:
+        if m.get("role") == "assistant":
+            for call in m.get("tool_calls") or []:
+                args = (call.get("function") or {}).get("arguments")
+                calls.append([args.get("expression") if isinstance(args, dict) else None, None])
+        elif m.get("role") == "tool" and answered < len(calls):
+            calls[answered][1] = m.get("content")
+            answered += 1
+    return [(e, r) for e, r in calls]
+
+
+def call_parts(expression: Any, left: Fraction | None, op: str, right: Fraction) -> int:
+    """How many of a call's three parts (left operand, operator, right operand) are the expected
+    ones; ``+`` and ``*`` also count with the operands swapped."""
+    match = CALL_RE.fullmatch(expression) if isinstance(expression, str) else None
+    if match is None:
+        return 0
+    a, got_op, b = _number(match.group(1)), match.group(2), _number(match.group(3))
+    straight = (a == left) + (got_op == op) + (b == right)
+    swapped = (b == left) + (got_op == op) + (a == right) if op in "+*" else 0
+    return max(straight, swapped)
+
+
+def parts(messages: list[dict[str, Any]], steps: Sequence[str], state: dict[str, Any]) -> float:
+    """Per-turn: credit for each part of each call that is what the next step needs, made this turn.
+
+    Call ``k`` should be step ``k``: the question's operands for the first call; for a later one,
+    the previous call's result as its left operand (whatever that result was), then the operator
+    and the operand the question gives for step ``k``. Each part right earns a third of the
+    step's share (``1 / len(steps)``), so an episode earns at most 1. Where the final answer is
+    rarely right (the second call of a two-call task), this tells a sample that copied the
+    question's last operand from one that did not (benchmarks/RESULTS.md, issue 18).
+    """
+    calls = _calls(messages)
+    total = 0
+    for k, (expression, _) in enumerate(calls[: len(steps)]):
+        a, op, b = steps[k].split(" ")
+        left = _number(a) if k == 0 else _number(calls[k - 1][1])
+        total += call_parts(expression, left, op, Fraction(b))
+    new = total - state.get("parts_paid", 0)
+    state["parts_paid"] = total
+    return new / (3 * max(1, len(steps)))
+
+
 def make_task(rng: random.Random, difficulty: int) -> dict[str, Any]:
     """A task of ``difficulty`` operations, built left to right so each step is one tool call."""
     value = Fraction(rng.randint(2, 99))
@@ -152,6 +209,8 @@ class CalculatorEnv(ToolEnvironment):
         format_weight: weight of the format reward (0 disables it).
         progress_weight: weight of the per-turn progress reward (the share of the task's steps
             whose values the tool returned, in order; 0 disables it).
+        parts_weight: weight of the per-turn ``parts`` reward (each call's left operand, operator
+            and right operand scored against what the next step needs; 0 disables it).
         max_turns: assistant turns before the episode is truncated.
     """
 
@@ -167,6 +226,7 @@ class CalculatorEnv(ToolEnvironment):
         format_weight: float = 0.2,
         max_turns: int = 6,
         progress_weight: float = 0.5,
+        parts_weight: float = 0.0,
         train_difficulty: Sequence[int] | int | None = None,
     ) -> None:
         levels = _levels(difficulty, "difficulty")
@@ -176,6 +236,8 @@ class CalculatorEnv(ToolEnvironment):
             rewards.append(Reward(well_formatted, weight=format_weight, name="format"))
         if progress_weight:
             rewards.append(Reward(progress, weight=progress_weight, name="progress", per_turn=True))
+        if parts_weight:
+            rewards.append(Reward(parts, weight=parts_weight, name="parts", per_turn=True))
         super().__init__(tools=[Calculator(max_ops=max_ops_per_call)], rewards=rewards, max_turns=max_turns)
         self.levels, self.train_levels = levels, train_levels
         self.num_train, self.num_test, self.seed = num_train, num_test, seed

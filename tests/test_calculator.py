@@ -152,3 +152,44 @@ def test_progress_counts_steps_in_order_only():
     _, reward, term, _, info = env.step({"role": "assistant", "content": "The answer is 0."})
     assert term and info["rewards"]["correct"] == 0.0 and reward < 1, "a wrong answer stays below the pass threshold"
     env.close()
+
+
+def _call(expression: str) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}]}
+
+
+def test_parts_credits_each_operand_and_operator_the_next_step_needs():
+    env = make("calculator", difficulty=2, parts_weight=0.25, progress_weight=0.0, format_weight=0.0).sync()
+    task = {"question": "What is (13 + 48) - 96?", "answer": "-35", "expression": "(13 + 48) - 96", "difficulty": 2, "steps": ["13 + 48", "61 - 96"]}
+    env.reset(task=task, seed=0)
+    msgs, *_, info = env.step(_call("13 + 4"))  # two of three parts: 13 and +
+    assert msgs[0]["content"] == "17" and info["rewards"] == {"parts": pytest.approx(2 / 6)}
+    # the second call's left operand is the previous result (17), whatever it was; the right one 96
+    *_, info = env.step(_call("96 - 17"))  # swapped: "-" does not commute, so only the operator
+    assert info["rewards"] == {"parts": pytest.approx(1 / 6)}
+    _, _, term, _, info = env.step({"role": "assistant", "content": "The answer is 79."})
+    assert term and info["rewards"] == {"parts": 0.0, "correct": 0.0}, "parts are paid once, on the turn of the call"
+    env.close()
+
+
+def test_parts_reward_is_bounded_and_a_wrong_episode_stays_below_the_pass_threshold():
+    from agentrl.environments.calculator import call_parts, parts
+
+    assert call_parts("48 + 13", Fraction(13), "+", Fraction(48)) == 3, "+ commutes"
+    assert call_parts("13 +", Fraction(13), "+", Fraction(48)) == 0 and call_parts(None, Fraction(1), "+", Fraction(2)) == 0
+    steps = ["13 + 48", "61 - 96"]
+    calls = [_call("13 + 48"), {"role": "tool", "content": "61"}, _call("61 - 96"), {"role": "tool", "content": "-35"}]
+    extra = [_call("61 - 96"), {"role": "tool", "content": "-35"}]  # calls past the task's steps earn nothing
+    assert parts(calls + extra, steps, {}) == pytest.approx(1.0)
+    env = make("calculator", difficulty=2, parts_weight=0.25).sync()
+    task = next(t for t in env.dataset("test") if t["difficulty"] == 2)
+    env.reset(task=task, seed=0)
+    value, total = None, 0.0
+    for step in task["steps"]:
+        if value is not None:
+            step = value + step[step.index(" ") :]
+        msgs, reward, *_ = env.step(_call(step))
+        value, total = msgs[0]["content"], total + reward
+    _, reward, *_ = env.step({"role": "assistant", "content": "The answer is 1234567."})
+    assert total + reward == pytest.approx(0.5 + 0.25 + 0.2) and total + reward < 1, "every step and part right, the answer wrong"
+    env.close()
