@@ -120,21 +120,34 @@ def test_reward_functions():
     assert correct('The answer is 90"}}\n</tool_call>', "90") == 1.0
 
 
-def test_two_step_episode_scores_correct_format_and_progress_per_step():
-    env = make("calculator", difficulty=2, format_weight=0.1, progress_weight=0.5).sync()
-    task = next(t for t in env.dataset("test") if t["difficulty"] == 2)
-    env.reset(task=task, seed=0)
+def _call(expression: str) -> dict:
+    return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}]}
+
+
+def play_steps_right(env, task: dict, check=None) -> tuple[str, float]:
+    """Call the tool once per step of ``task``, each with the previous result as its left operand;
+    returns the last result and the rewards summed. ``check(reward, term, info)`` sees each step."""
     value, total = None, 0.0
     for step in task["steps"]:
         if value is not None:
             step = value + step[step.index(" ") :]
-        msgs, reward, term, trunc, info = env.step(
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": step}}}]}
-        )
-        value = msgs[0]["content"]
+        msgs, reward, term, _, info = env.step(_call(step))
+        value, total = msgs[0]["content"], total + reward
         assert not term and not value.startswith("Error")
+        if check is not None:
+            check(reward, term, info)
+    return value, total
+
+
+def test_two_step_episode_scores_correct_format_and_progress_per_step():
+    env = make("calculator", difficulty=2, format_weight=0.1, progress_weight=0.5).sync()
+    task = next(t for t in env.dataset("test") if t["difficulty"] == 2)
+    env.reset(task=task, seed=0)
+
+    def check(reward, term, info):
         assert info["rewards"] == {"progress": 0.5} and reward == pytest.approx(0.25), "each right step earns its share, on its turn"
-        total += reward
+
+    value, total = play_steps_right(env, task, check)
     _, reward, term, _, info = env.step({"role": "assistant", "content": f"The answer is {value}."})
     assert term and info["rewards"] == {"progress": 0.0, "correct": 1.0, "format": 1.0} and reward == pytest.approx(1.1)
     assert total + reward == pytest.approx(1.6)
@@ -147,15 +160,11 @@ def test_progress_counts_steps_in_order_only():
     env.reset(task=task, seed=0)
     second = task["steps"][1]
     # the second step's expression first: its value is not the first step's, so nothing is earned
-    _, reward, *_ = env.step({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": second}}}]})
+    _, reward, *_ = env.step(_call(second))
     assert reward == 0.0
     _, reward, term, _, info = env.step({"role": "assistant", "content": "The answer is 0."})
     assert term and info["rewards"]["correct"] == 0.0 and reward < 1, "a wrong answer stays below the pass threshold"
     env.close()
-
-
-def _call(expression: str) -> dict:
-    return {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}]}
 
 
 def test_parts_credits_each_operand_and_operator_the_next_step_needs():
@@ -184,12 +193,7 @@ def test_parts_reward_is_bounded_and_a_wrong_episode_stays_below_the_pass_thresh
     env = make("calculator", difficulty=2, parts_weight=0.25).sync()
     task = next(t for t in env.dataset("test") if t["difficulty"] == 2)
     env.reset(task=task, seed=0)
-    value, total = None, 0.0
-    for step in task["steps"]:
-        if value is not None:
-            step = value + step[step.index(" ") :]
-        msgs, reward, *_ = env.step(_call(step))
-        value, total = msgs[0]["content"], total + reward
+    _, total = play_steps_right(env, task)
     _, reward, *_ = env.step({"role": "assistant", "content": "The answer is 1234567."})
     assert total + reward == pytest.approx(0.5 + 0.25 + 0.2) and total + reward < 1, "every step and part right, the answer wrong"
     env.close()
