@@ -71,6 +71,13 @@ def step_values(steps: Sequence[str]) -> list[Fraction]:
     return values
 
 
+def _number(text: Any) -> Fraction | None:
+    try:
+        return Fraction(str(text).strip())
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
 def progress(messages: list[dict[str, Any]], steps: Sequence[str], state: dict[str, Any]) -> float:
     """Per-turn: the share of the task's steps newly reached by this turn's tool results.
 
@@ -81,28 +88,16 @@ def progress(messages: list[dict[str, Any]], steps: Sequence[str], state: dict[s
     values = step_values(steps)
     done = 0
     for m in messages:
-        if m.get("role") != "tool" or done >= len(values):
-            continue
-        try:
-            if Fraction(str(m.get("content", "")).strip()) == values[done]:
-                done += 1
-        except (ValueError, ZeroDivisionError):
-            pass
+        if m.get("role") == "tool" and done < len(values) and _number(m.get("content", "")) == values[done]:
+            done += 1
     new = done - state.get("progress_paid", 0)
     state["progress_paid"] = done
     return new / max(1, len(values))
 
 
-def _number(text: Any) -> Fraction | None:
-    try:
-        return Fraction(str(text).strip())
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def _calls(messages: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
-    """Each tool call of the episode in order, as (its ``expression`` argument or None, the tool's
-    reply or None)."""
+def _calls(messages: list[dict[str, Any]]) -> list[list[Any]]:
+    """Each tool call of the episode in order, as [its ``expression`` argument or None, the tool's
+    reply or None]."""
     calls: list[list[Any]] = []
     answered = 0
     for m in messages:
@@ -113,7 +108,7 @@ def _calls(messages: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
         elif m.get("role") == "tool" and answered < len(calls):
             calls[answered][1] = m.get("content")
             answered += 1
-    return [(e, r) for e, r in calls]
+    return calls
 
 
 def call_parts(expression: Any, left: Fraction | None, op: str, right: Fraction) -> int:
@@ -194,7 +189,8 @@ class CalculatorEnv(ToolEnvironment):
     and the answer stated as asked; without it the call syntax decays during RL, see
     benchmarks/RESULTS.md) and the per-turn ``progress`` (0.5 spread over the steps: partial
     credit for each intermediate value the tool returned, in order). A correct episode scores at
-    least 1 and a wrong one below 1, so ``pass@1`` and ``accuracy`` count correct answers only.
+    least 1 and a wrong one below 1, so ``pass@1`` and ``accuracy`` count correct answers only
+    (shaping weights that sum to 1 or more are refused).
     ``train_defaults``: per-turn credit (``advantage=turn``) uses the per-turn progress reward.
 
     Args:
@@ -229,6 +225,11 @@ class CalculatorEnv(ToolEnvironment):
         parts_weight: float = 0.0,
         train_difficulty: Sequence[int] | int | None = None,
     ) -> None:
+        if format_weight + progress_weight + parts_weight >= 1:
+            raise ValueError(
+                f"format_weight + progress_weight + parts_weight must stay below 1, the correct answer's reward, so that a wrong "
+                f"episode scores below 1 and pass@1 counts correct answers only; got {format_weight} + {progress_weight} + {parts_weight}"
+            )
         levels = _levels(difficulty, "difficulty")
         train_levels = levels if train_difficulty is None else _levels(train_difficulty, "train_difficulty")
         rewards = [Reward(correct, weight=1.0, name="correct")]

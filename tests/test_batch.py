@@ -137,7 +137,7 @@ def test_rollout_keeps_turn_rewards_and_token_positions():
 
     model = load_model("default", dtype=torch.float32, device="cpu")
     fmt = get_chat_format(load_tokenizer("default"))
-    env = CalculatorEnv(num_train=16, num_test=4, format_weight=0.5)
+    env = CalculatorEnv(num_train=16, num_test=4, format_weight=0.4)
     gen = TransformersGenerator(model, pad_token_id=0, gather_window_s=0.01)
     engine = RolloutEngine(gen, fmt, RolloutConfig(max_tokens_per_turn=48, max_completion_tokens=200), SamplingConfig(temperature=1.0, seed=1))
     tasks = [dict(env.dataset("train")[i]) for i in range(3)]

@@ -197,3 +197,11 @@ def test_parts_reward_is_bounded_and_a_wrong_episode_stays_below_the_pass_thresh
     _, reward, *_ = env.step({"role": "assistant", "content": "The answer is 1234567."})
     assert total + reward == pytest.approx(0.5 + 0.25 + 0.2) and total + reward < 1, "every step and part right, the answer wrong"
     env.close()
+
+
+def test_shaping_weights_that_could_pass_a_wrong_episode_are_refused():
+    with pytest.raises(ValueError, match="must stay below 1"):
+        make("calculator", format_weight=0.2, progress_weight=0.5, parts_weight=0.3)
+    with pytest.raises(ValueError, match="must stay below 1"):
+        make("calculator", format_weight=0.5)  # with the default progress_weight 0.5
+    assert [r.name for r in make("calculator", parts_weight=0.29).rewards] == ["correct", "format", "progress", "parts"]
