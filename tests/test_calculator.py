@@ -126,7 +126,7 @@ def _call(expression: str) -> dict:
 
 def play_steps_right(env, task: dict, check=None) -> tuple[str, float]:
     """Call the tool once per step of ``task``, each with the previous result as its left operand;
-    returns the last result and the rewards summed. ``check(reward, term, info)`` sees each step."""
+    returns the last result and the rewards summed. ``check(reward, info)`` sees each step."""
     value, total = None, 0.0
     for step in task["steps"]:
         if value is not None:
@@ -135,7 +135,7 @@ def play_steps_right(env, task: dict, check=None) -> tuple[str, float]:
         value, total = msgs[0]["content"], total + reward
         assert not term and not value.startswith("Error")
         if check is not None:
-            check(reward, term, info)
+            check(reward, info)
     return value, total
 
 
@@ -144,7 +144,7 @@ def test_two_step_episode_scores_correct_format_and_progress_per_step():
     task = next(t for t in env.dataset("test") if t["difficulty"] == 2)
     env.reset(task=task, seed=0)
 
-    def check(reward, term, info):
+    def check(reward, info):
         assert info["rewards"] == {"progress": 0.5} and reward == pytest.approx(0.25), "each right step earns its share, on its turn"
 
     value, total = play_steps_right(env, task, check)
