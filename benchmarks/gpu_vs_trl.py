@@ -169,6 +169,11 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         "peak_gib": max([_peak(), *phases.values()]),
         "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
         "grad_norms": [r.get("grad_norm") for r in rows],
+        # the generator's last batches: how much of a rollout's time is the decode loop itself
+        "last_batches": [
+            {"s": round(b["end"] - b["start"], 3), "requests": b["requests"], "forward_passes": b["forward_passes"]}
+            for b in list(getattr(trainer.generator, "stats", {}).get("trace", []))[-3:]
+        ],
     }
 
 

@@ -39,12 +39,15 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="profile the eager step's CUDA kernels")
     ap.add_argument("--only-kernels", action="store_true")
     ap.add_argument("--compile", action="store_true", help="also time the torch.compile'd step (generator.compile_decode)")
+    ap.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-cache generator run")
+    ap.add_argument("--generator-only", action="store_true", help="skip the replay and sampler timings; time the compiled generator only")
+    ap.add_argument("--per-rollout", action="store_true", help="end a rollout after each run as the trainer does (static caches and graphs freed, so recaptured)")
     args = ap.parse_args()
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
     B, N = args.batch, args.tokens
     prompts = [[(13 * i + j) % 1000 + 10 for j in range(args.prompt)] for i in range(B)]
 
-    for compiled in [False, True] if args.compile else [False]:
+    for compiled in [] if args.generator_only else [False, True] if args.compile else [False]:
         dec = StaticDecoder(model, 0, compile=compiled)
         with torch.inference_mode():
             batch = dec.start(prompts, N)
@@ -56,11 +59,13 @@ def main() -> None:
             replay = timed(lambda: dec.decode_step(batch.slot, batch.column), 100)
         print(f"{'compiled' if compiled else 'eager'} step: capture {capture_s:.1f} s, graph replay {replay:.2f} ms/step", flush=True)
     with torch.inference_mode():
-        logits = batch.prefill_logits
+        logits = batch.prefill_logits if not args.generator_only else torch.randn(B, model.config.vocab_size, device="cuda").bfloat16()
         params = [SamplingParams(temperature=1.0, max_tokens=N)] * B
         sample = timed(lambda: sample_next(logits, params, [None] * B), 100)
+        sample_next(logits, params, [None] * B, fused=True)  # compiled on first use
+        fused = timed(lambda: sample_next(logits, params, [None] * B, fused=True), 100)
         sample_tolist = timed(lambda: sample_next(logits, params, [None] * B)[0].tolist(), 100)
-    print(f"sample_next {sample:.2f} ms; sample_next+tolist {sample_tolist:.2f} ms")
+    print(f"sample_next {sample:.2f} ms; compiled (fused) {fused:.2f} ms; sample_next+tolist {sample_tolist:.2f} ms")
     if args.kernels:
         from torch.profiler import ProfilerActivity, profile
 
@@ -73,11 +78,16 @@ def main() -> None:
         return
 
     runs = [("static+graph", True, False, 0), ("static+graph min_tokens", True, False, N), ("dynamic cache", False, False, 0)]
-    if args.compile:
-        runs.insert(1, ("static+graph+compile", True, True, 0))
+    if args.no_dynamic:
+        runs = runs[:-1]
+    if args.compile:  # the CUDA default: compiled step; min_tokens as in gpu_vs_trl's single-turn rows
+        runs[1:1] = [("static+graph+compile", True, True, 0), ("static+graph+compile min_tokens", True, True, N)]
+    if args.generator_only:
+        runs = [("static+graph+compile min_tokens", True, True, N)]
     for label, static, compiled, min_tokens in runs:
         gen = TransformersGenerator(model, 0, static_cache=static, compile_decode=compiled, gather_window_s=0.05)
-        sp = SamplingParams(temperature=1.0, max_tokens=N, min_tokens=min_tokens)
+        # with min_tokens, two stop tokens held back as a chat format's would be (gpu_vs_trl's rows)
+        sp = SamplingParams(temperature=1.0, max_tokens=N, min_tokens=min_tokens, stop_token_ids=[1, 2] if min_tokens else [])
 
         async def run() -> float:
             t = time.perf_counter()
@@ -87,6 +97,9 @@ def main() -> None:
             return time.perf_counter() - t
 
         anyio.run(run)  # warm-up / capture
+        if args.per_rollout:
+            gen.end_rollout()  # frees the static caches and graphs: the next run captures again
+        gen.begin_rollout()
         elapsed = anyio.run(run)
         anyio.run(gen.close)
         print(f"{label}: {elapsed:.2f} s for {B}x{N} = {elapsed / N * 1000:.2f} ms/step, batches {gen.stats['batch_sizes'][-3:]}")

@@ -73,6 +73,19 @@ def test_a_request_sent_mid_batch_takes_a_finished_row_and_decodes_as_if_alone()
     assert short.token_ids == hf_greedy(gen.model, short_prompt, 3)
 
 
+def test_a_request_admitted_mid_batch_keeps_its_stop_token_back_for_its_own_min_tokens():
+    gen = static_generator(admit_every=1)
+    late_prompt = [7, 7, 30, 31, 50, 2]
+    stop = hf_greedy(gen.model, late_prompt, 1)[0]  # greedy would stop at once if this were a stop token
+    _, late, _ = follow_up(
+        gen,
+        [("long", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], SamplingParams(temperature=0, max_tokens=60)), ("short", [5, 9, 13], SamplingParams(temperature=0, max_tokens=3))],
+        (late_prompt, SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop], min_tokens=4)),
+    )
+    assert gen.stats["admitted"] == 1  # it joined the running batch, 4 steps after the batch began
+    assert len(late.token_ids) >= 4 and stop not in late.token_ids[:4]
+
+
 def test_a_seeded_request_samples_the_same_tokens_whether_admitted_or_alone():
     seeded = SamplingParams(temperature=0.8, max_tokens=12, seed=7)
     prompt = [4, 8, 15, 16]

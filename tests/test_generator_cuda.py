@@ -101,6 +101,32 @@ def test_sampling_on_cuda_never_draws_zero_probability_tokens():
         assert torch.isfinite(logprobs).all()
 
 
+def test_the_compiled_sampler_draws_the_tempered_distribution_with_its_logprobs():
+    from test_generator_transformers import check_gumbel_max
+
+    from agentrl.generators.transformers import sample_next
+
+    check_gumbel_max(lambda logits, inv_t: sample_next(logits, [SamplingParams(temperature=1 / inv_t)] * logits.shape[0], [None] * logits.shape[0], fused=True), "cuda")
+    torch.manual_seed(0)
+    logits = (torch.randn(512, 151936, device="cuda") * 40).to(torch.bfloat16)  # most probabilities underflow to 0
+    for _ in range(32):
+        tokens, logprobs = sample_next(logits, [SamplingParams(temperature=1.0)] * 512, [None] * 512, fused=True)
+        assert torch.isfinite(logprobs).all()
+        assert torch.allclose(logprobs, logits.float().log_softmax(-1).gather(1, tokens[:, None]).squeeze(1), atol=1e-4)
+
+
+def test_capturing_a_graph_keeps_the_allocators_cached_memory():
+    """torch.cuda.graph's context empties the caching allocator on entry: each rollout's capture
+    gave the learner's cached blocks back to the driver. The generator's capture keeps them."""
+    gen = TransformersGenerator(model(), 0, static_cache=True, gather_window_s=0.2)
+    block = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    del block  # 256 MiB now free but cached
+    reserved = torch.cuda.memory_reserved()
+    out = generate(gen, [[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=6))
+    assert gen.static.stats["graphs_captured"] >= 1 and all(len(o.token_ids) == 6 for o in out)
+    assert torch.cuda.memory_reserved() >= reserved
+
+
 def test_defaults_decode_through_cuda_graphs_and_the_compiled_step():
     """With no generator settings, a supported model on CUDA gets the static cache, graphs and the
     compiled step (issue 13: the fast path is the default), and decodes like the eager graph path."""

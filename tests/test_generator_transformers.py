@@ -363,6 +363,55 @@ def test_min_tokens_masks_stop_tokens_until_reached(gen):
         SamplingParams(min_tokens=-1)
 
 
+def test_early_stops_masks_each_rows_own_stops_until_its_own_minimum():
+    from agentrl.generators.decode_steps import EarlyStops
+
+    params = [SamplingParams(min_tokens=2), SamplingParams(min_tokens=0), SamplingParams(min_tokens=3), SamplingParams(min_tokens=5)]
+    stops = [{3, 7}, {3}, {5}, set()]  # the last row has a minimum but nothing to hold back
+    early = EarlyStops(params, stops, torch.device("cpu"))
+    masked_at = []
+    for _ in range(4):
+        logits = early.apply(torch.zeros(4, 10))
+        masked_at.append({(r, c) for r, c in torch.isinf(logits).nonzero().tolist()})
+        early.advance()
+    assert masked_at == [{(0, 3), (0, 7), (2, 5)}, {(0, 3), (0, 7), (2, 5)}, {(2, 5)}, set()]
+    assert not early.active  # the host knows without asking the device: apply is free from here on
+    early.restart([1, 5], [SamplingParams(min_tokens=1), SamplingParams(min_tokens=2)], [{4}, {1, 2, 9}])  # row 5: the batch grows
+    masked_at = []
+    for _ in range(3):
+        logits = early.apply(torch.zeros(6, 10))
+        masked_at.append({(r, c) for r, c in torch.isinf(logits).nonzero().tolist()})
+        early.advance()
+    assert masked_at == [{(1, 4), (5, 1), (5, 2), (5, 9)}, {(5, 1), (5, 2), (5, 9)}, set()]
+    early.keep(torch.tensor([5]))
+    assert early.apply(torch.zeros(1, 10)).isinf().sum() == 0
+
+
+def check_gumbel_max(draw, device: str) -> None:
+    """``draw(logits, inverse_temperature)`` samples tempered softmax and reports each token's log-probability."""
+    torch.manual_seed(0)
+    rows, t = 4096, 0.7
+    base = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -math.inf, 1.5, -3.0])
+    logits = base.repeat(rows, 1).to(device=device, dtype=torch.bfloat16)
+    tokens, logprobs = draw(logits, 1 / t)
+    exact = (logits.float() / t).log_softmax(-1)
+    assert torch.allclose(logprobs, exact.gather(1, tokens[:, None]).squeeze(1), atol=1e-5)
+    counts = torch.bincount(tokens.cpu(), minlength=8).float()
+    probs = exact[0].exp().cpu()
+    assert counts[5] == 0  # probability zero: never drawn
+    for tok in range(8):
+        p = probs[tok].item()
+        assert abs(counts[tok].item() / rows - p) <= 4 * math.sqrt(p * (1 - p) / rows) + 1e-9
+
+
+def test_gumbel_max_draws_the_tempered_distribution_with_its_logprobs():
+    """Eagerly and compiled (the CUDA decode path's sampler; inductor's CPU code here)."""
+    from agentrl.generators.sampling import _compiled_gumbel_max, gumbel_max
+
+    check_gumbel_max(gumbel_max, "cpu")
+    check_gumbel_max(_compiled_gumbel_max(), "cpu")
+
+
 def test_sample_next_never_draws_a_zero_probability_token():
     """Peaked distributions (most tokens at probability 0 in float32) are drawn exactly.
 

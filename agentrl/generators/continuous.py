@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agentrl.generators.base import FinishReason, Generation
-from agentrl.generators.decode_steps import HostCopy, record, suppress_early_stops
+from agentrl.generators.decode_steps import EarlyStops, HostCopy, record
 from agentrl.generators.sampling import sample_next
 
 if TYPE_CHECKING:
@@ -48,15 +48,15 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
     logprobs: list[list[float]] = [[] for _ in reqs]
     finish: list[FinishReason | None] = [None] * n
     results: dict[int, Generation] = {}
-    any_min = any(p.min_tokens > 0 for p in params)
+    early = EarlyStops(params, stops, gen.device)
+    fused = gen.static.compiled  # the compiled step's decoder draws with the compiled sampler too
     to_host = HostCopy(rows, gen.device)
     logits = run.prefill_logits
     since_admit = 0
     least = max(1, rows // 8)
     while True:
-        if any_min:
-            logits = suppress_early_stops(logits, owner, list(range(len(owner))), [len(t) for t in tokens], stops)
-        tok, lp = sample_next(logits, params, gens)
+        tok, lp = sample_next(early.apply(logits), params, gens, fused=fused)
+        early.advance()
         to_host.start(tok, lp)
         logits = run.step(tok)  # speculative: runs while the host looks at tok
         gen.stats["forward_passes"] += 1
@@ -106,7 +106,7 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
                 gens[j] = None if req.sampling.seed is None else torch.Generator().manual_seed(req.sampling.seed)
                 stops[j] = set(req.sampling.stop_token_ids)
                 tokens[j], logprobs[j] = [], []
-            any_min = any(owner[j].sampling.min_tokens > 0 for j in range(len(owner)) if finish[j] is None)
+            early.restart(at, [r.sampling for r in joined], [stops[j] for j in at])
         elif idle:
             break
     return [results[id(r)] for r in reqs]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from agentrl.generators.base import FinishReason, Generation
-from agentrl.generators.decode_steps import record, suppress_early_stops
+from agentrl.generators.decode_steps import EarlyStops, record
 from agentrl.generators.sampling import sample_next
 from agentrl.generators.static_decode import (
     dynamic_cache,
@@ -81,11 +81,10 @@ def decode_dynamic(gen: TransformersGenerator, reqs: list[_Request]) -> list[Gen
     finish: list[FinishReason | None] = [None] * n
     rows = list(range(n))  # batch row -> request index; shrinks as rows finish
     logits = gen._forward(ids, mask, positions, cache)
-    any_min = any(r.sampling.min_tokens > 0 for r in reqs)
+    early = EarlyStops([r.sampling for r in reqs], stops, dev)
     while True:
-        if any_min:
-            logits = suppress_early_stops(logits, reqs, rows, [len(t) for t in tokens], stops)
-        tok, lp = sample_next(logits, [reqs[i].sampling for i in rows], [gens[i] for i in rows])
+        tok, lp = sample_next(early.apply(logits), [reqs[i].sampling for i in rows], [gens[i] for i in rows])
+        early.advance()
         record(reqs, rows, tok.tolist(), lp.tolist(), tokens, logprobs, finish, stops)  # finished rows: ignored
         live = [j for j, i in enumerate(rows) if finish[i] is None]
         if not live:
@@ -94,6 +93,7 @@ def decode_dynamic(gen: TransformersGenerator, reqs: list[_Request]) -> list[Gen
             keep = torch.tensor(live, dtype=torch.long, device=dev)
             cache.batch_select_indices(keep)
             mask, next_pos, tok = mask[keep], next_pos[keep], tok[keep]
+            early.keep(keep)
             rows = [rows[j] for j in live]
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
         logits = gen._forward(tok[:, None], mask, next_pos[:, None], cache)

@@ -8,6 +8,7 @@ applied in another order), so it is tested on its own (tests/test_generator_tran
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -38,7 +39,7 @@ def _filter_logits(x: torch.Tensor, params: list[SamplingParams]) -> torch.Tenso
 
 
 def sample_next(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None], fused: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row under that row's settings; return ``(tokens, logprobs)``.
 
@@ -46,18 +47,23 @@ def sample_next(
     then top-k, top-p, min-p, renormalised. Greedy rows (``T == 0``) report ``log_softmax(logits)``
     of the argmax, i.e. temperature 1 with no filtering, the natural reference for a trainer.
     Seeded rows draw from their own (CPU) ``torch.Generator`` so they don't depend on batch companions.
+
+    ``fused``: draw the common case (one temperature, no filter, no seed) with the compiled
+    :func:`gumbel_max` (the CUDA decode path, which compiles its step anyway).
     """
-    logits = logits.float()
     n = logits.shape[0]
     first = params[0]
     if first.temperature > 0 and all(g is None for g in generators) and all(
         p.temperature == first.temperature and p.top_k == first.top_k and p.top_p == first.top_p and p.min_p == first.min_p
         for p in params
     ):  # the common case: one setting for the whole batch, no per-row seeds -> no index juggling
-        x = logits / first.temperature
+        if fused and not (first.top_k > 0 or first.top_p < 1 or first.min_p > 0):
+            return _compiled_gumbel_max()(logits, 1.0 / first.temperature)
+        x = logits.float() / first.temperature
         if first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
             x = _filter_logits(x, params)
         return _race(x.log_softmax(-1))
+    logits = logits.float()
     tokens = torch.empty(n, dtype=torch.long, device=logits.device)
     logprobs = torch.empty(n, dtype=torch.float32, device=logits.device)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
@@ -85,6 +91,32 @@ def sample_next(
             rows = logp[torch.tensor(seeded, device=logits.device)]
             tokens[at], logprobs[at] = _draw(rows, torch.tensor(draws, device=logits.device))
     return tokens, logprobs
+
+
+def gumbel_max(logits: torch.Tensor, inverse_temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draw per row from ``softmax(logits * inverse_temperature)``: ``(tokens, logprobs)``.
+
+    The same Gumbel-max race as :func:`_race`, written so that a compiler can fuse it: the
+    log-partition is a per-row reduction subtracted from the chosen token's tempered logit only,
+    so no normalised ``[rows, vocab]`` tensor is written. Compiled (:func:`_compiled_gumbel_max`),
+    it is a few kernels that read the logits twice. Eagerly it is slower than :func:`_race` over
+    a log-softmax (2.0 against 1.4 ms at 256 rows and a 152k vocabulary on an H200), so the
+    eager paths keep that one.
+    """
+    x = logits.float() * inverse_temperature
+    noise = torch.rand_like(x).log_().neg_().log_()  # log(-log u); u = 0 gives +inf: that token loses
+    choice = (x - noise).argmax(-1)
+    return choice, x.gather(1, choice[:, None]).squeeze(1) - x.logsumexp(-1)
+
+
+_COMPILED: list[Any] = []
+
+
+def _compiled_gumbel_max() -> Any:
+    """``gumbel_max`` under ``torch.compile`` (dynamic rows), compiled once per process on first use."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(gumbel_max, dynamic=True))
+    return _COMPILED[0]
 
 
 def _race(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

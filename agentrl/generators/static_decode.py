@@ -150,6 +150,11 @@ class StaticDecoder:
         self._compiled = torch.compile(model, dynamic=True) if compile else None
         self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0}
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the one-token step runs under ``torch.compile``."""
+        return self._compiled is not None
+
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
         """True when every layer is full attention and transformers' static layers count positions."""
@@ -253,9 +258,18 @@ class StaticDecoder:
         # thread_local: a capture forbids unsafe CUDA calls only on this thread. The default
         # ("global") made the learner's kernels on another thread fail while a rollout-ahead
         # generator captured (max_staleness > 0, rollout_device=cuda:1).
-        capture = torch.cuda.graph(graph, pool=self._pool, stream=torch.cuda.Stream(self.device), capture_error_mode="thread_local")
-        with capture:
-            slot.logits = self.forward(slot, slot.ids, slot.pos, slot.mask)
+        # capture_begin/capture_end rather than the torch.cuda.graph context: on entering, that
+        # synchronises the whole device and empties the caching allocator and the pinned host
+        # cache, so every capture (one per rollout and new shape, since end_rollout frees the
+        # graphs) handed the learner's cached blocks back to the driver, to be allocated again
+        # by the next training step; with a learner on another thread it also waited for that
+        # learner's queued work. The capture itself needs none of it: its stream is new and idle.
+        with torch.cuda.stream(torch.cuda.Stream(self.device)):
+            graph.capture_begin(self._pool, capture_error_mode="thread_local")
+            try:
+                slot.logits = self.forward(slot, slot.ids, slot.pos, slot.mask)
+            finally:
+                graph.capture_end()
         self._set_length(slot, column)  # capture records the counter's increment without running it
         slot.graph = graph
         self.stats["graphs_captured"] += 1
