@@ -76,11 +76,19 @@ class Curriculum:
 
     def update(self, groups: Sequence[Any], informative: Any) -> None:
         """Fold one step's groups into the buckets' rates; ``informative(group) -> bool``."""
+        self.update_flags(self.flags(groups, informative))
+
+    def flags(self, groups: Sequence[Any], informative: Any) -> dict[str, list[int]]:
+        """Per bucket, whether each of these groups was informative (1) or not (0): what ``update_flags`` folds in."""
         counts: dict[str, list[int]] = {}
         for group in groups:
             bucket = _name(group.task.get(self.settings.key))
             if bucket in self.rate:
                 counts.setdefault(bucket, []).append(int(bool(informative(group))))
+        return counts
+
+    def update_flags(self, counts: dict[str, list[int]]) -> None:
+        """Fold one generation batch's flags (``flags``) into the buckets' running rates."""
         s = self.settings.smoothing
         for bucket, flags in counts.items():
             share = sum(flags) / len(flags)
@@ -94,6 +102,12 @@ class Curriculum:
             out[f"curriculum/{self.settings.key}={b}/weight"] = weights[b]
             out[f"curriculum/{self.settings.key}={b}/informative_rate"] = self.rate[b]
         return out
+
+    def clone(self) -> Curriculum:
+        """An independent copy at the same position (sharing the read-only task data)."""
+        twin = Curriculum(self.data, self.settings, 0)
+        twin.load_state_dict(self.state_dict())
+        return twin
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint must hold to continue drawing the same tasks."""

@@ -13,6 +13,7 @@ same order every time; the curriculum's position is in ``TrainState.curriculum``
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,12 +45,56 @@ def train_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step * 7919
 
 
+class AheadTasks:
+    """The task order of a run whose batches are drawn ahead of training (``max_staleness > 0``).
+
+    The background thread draws a batch's tasks before the batches in front of it have come back,
+    and the trainer must draw the very same tasks when it reaches that step (it checks). Without a
+    curriculum that is the run's shuffled order. With one, the draw for the batch of step ``T``
+    may use only the groups of batches before step ``T - lag`` (``lag = max(max_staleness,
+    steps_per_generation)``, the batches already back whenever ``T`` can be drawn): each side
+    queues the groups it sees (``observe``) and folds in, in step order, the ones old enough just
+    before each draw, so both compute the same weights. The curriculum's statistics are then as
+    stale as the weights that generated the batch.
+    """
+
+    def __init__(self, state: TrainState, data: Any, curriculum: Curriculum | None, lag: int, min_std: float) -> None:
+        self.state, self.data, self.curriculum, self.lag, self.min_std = state, data, curriculum, lag, min_std
+        self.pending: list[tuple[int, dict[str, list[int]]]] = []  # (step, per-bucket flags) not yet folded in
+        if curriculum is not None and state.curriculum is not None:
+            self.pending = [(int(t), dict(f)) for t, f in state.curriculum.get("pending", [])]
+
+    def next_tasks(self, target: int, n: int) -> list[dict[str, Any]]:
+        """The ``n`` tasks of the batch the trainer uses at step ``target``."""
+        if self.curriculum is None:
+            return self.state.next_tasks(self.data, n)
+        ready = [f for t, f in self.pending if t < target - self.lag]
+        self.pending = [(t, f) for t, f in self.pending if t >= target - self.lag]
+        for flags in ready:
+            self.curriculum.update_flags(flags)
+        return self.curriculum.next_tasks(n)
+
+    def observe(self, target: int, groups: list[TrajectoryGroup]) -> dict[str, float]:
+        """The groups of step ``target``'s batch came back: queue what the curriculum learns from them."""
+        if self.curriculum is None:
+            return {}
+        self.pending.append((target, self.curriculum.flags(groups, lambda g: informative(g, self.min_std))))
+        self.state.curriculum = {**self.curriculum.state_dict(), "pending": [[t, f] for t, f in self.pending]}
+        return self.curriculum.metrics()
+
+    def clone(self) -> AheadTasks:
+        """An independent copy at the same position, for the background thread to draw ahead with."""
+        twin = AheadTasks(copy.deepcopy(self.state), self.data, None if self.curriculum is None else self.curriculum.clone(), self.lag, self.min_std)
+        twin.pending = [(t, dict(f)) for t, f in self.pending]
+        return twin
+
+
 class GroupDraw:
     """Draws each generation batch's tasks, rolls them out through ``rollout``, keeps its groups.
 
-    ``ahead``: rollouts already made in the background (then no dynamic sampling or curriculum,
-    which the config refuses). A curriculum is built when ``curriculum.key`` is set and continues
-    from ``state.curriculum`` when the run was resumed.
+    ``ahead``: rollouts made in the background (then no dynamic sampling, which the config
+    refuses; a curriculum draws through ``AheadTasks``). A curriculum is built when
+    ``curriculum.key`` is set and continues from ``state.curriculum`` when the run was resumed.
     """
 
     def __init__(self, cfg: TrainConfig, train_data: Any, state: TrainState, rollout: Rollout, ahead: RolloutAhead | None = None) -> None:
@@ -57,6 +102,8 @@ class GroupDraw:
         self.curriculum = Curriculum(train_data, cfg.curriculum, cfg.seed) if cfg.curriculum.key else None
         if self.curriculum is not None and state.curriculum is not None:
             self.curriculum.load_state_dict(state.curriculum)
+        lag = max(cfg.max_staleness, cfg.steps_per_generation)
+        self.ahead_tasks = AheadTasks(state, train_data, self.curriculum, lag, cfg.dynamic_sampling.min_std) if ahead is not None else None
 
     def next(self) -> StepGroups:
         """The groups of the generation batch that starts at the state's current step. Without
@@ -65,9 +112,10 @@ class GroupDraw:
         cfg, state = self.cfg, self.state
         target = cfg.prompts_per_step * cfg.steps_per_generation
         seed = train_seed(cfg.seed, state.step)
-        if self.ahead is not None:
-            groups, seconds = self.ahead.take(state, state.next_tasks(self.train_data, target), seed)
-            return StepGroups(groups, groups, seconds)
+        if self.ahead is not None and self.ahead_tasks is not None:
+            tasks = self.ahead_tasks.next_tasks(state.step, target)
+            groups, seconds = self.ahead.take(state.step, self.ahead_tasks, tasks, seed)
+            return StepGroups(groups, groups, seconds, self.ahead_tasks.observe(state.step, groups))
         groups, seconds = self.rollout(self._next_tasks(target), seed)
         if not cfg.dynamic_sampling.enabled:
             return StepGroups(groups, groups, seconds, self._update_curriculum(groups))

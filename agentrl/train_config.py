@@ -163,8 +163,8 @@ class TrainConfig(Strict):
                 raise ValueError("max_staleness > 0: only generator.backend=transformers runs the background rollouts so far")
             if self.distributed.strategy == "fsdp":
                 raise ValueError("max_staleness > 0 runs in one process; distributed.strategy=fsdp needs several")
-            if self.dynamic_sampling.enabled or self.curriculum.key is not None:
-                raise ValueError("max_staleness > 0 draws its tasks in the background: dynamic_sampling and curriculum do not combine with it yet")
+            if self.dynamic_sampling.enabled:
+                raise ValueError("max_staleness > 0 draws its tasks in the background: dynamic_sampling (refill rounds within a step) does not combine with it yet")
         if self.sampling.seed is None:
             self.sampling.seed = self.seed
         return self

@@ -260,7 +260,7 @@ class Trainer:
         if self.accelerator.num_processes > 1:
             raise ConfigError("max_staleness > 0 runs in one process for now; launch it without torchrun / accelerate launch")
         return RolloutAhead(
-            self._module(), env=self.env, train_data=self.train_data, num_generations=cfg.num_generations,
+            self._module(), env=self.env, num_generations=cfg.num_generations,
             make_generator=lambda module: build_generator(
                 cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed, host_rollouts=True,
                 training_alongside=True,

@@ -103,7 +103,7 @@ CASES = [
     ("max_staleness not a number", "train max_staleness=abc", "max_staleness"),
     ("max_staleness without IS correction", "train max_staleness=1 loss.sampler_is_mode=null", "sampler importance-sampling correction"),
     ("max_staleness with dynamic sampling", "train max_staleness=1 loss.sampler_is_mode=truncate dynamic_sampling.enabled=true",
-     "dynamic_sampling and curriculum"),
+     "dynamic_sampling (refill rounds within a step)"),
     ("max_staleness with fsdp", "train max_staleness=1 loss.sampler_is_mode=truncate distributed.strategy=fsdp", "fsdp needs several"),
     ("rollout_device without max_staleness", "train rollout_device=cuda:1", "rollout_device has no effect"),
     ("rollout_device not a device", "train max_staleness=1 loss.sampler_is_mode=truncate rollout_device=banana", "rollout_device=banana"),

@@ -122,10 +122,46 @@ def test_curriculum_walks_each_bucket_without_repeats_and_resumes_exactly():
         assert len(set(seq[:10])) == min(10, len(seq))
 
 
-def test_background_rollouts_refuse_dynamic_sampling_and_curriculum():
-    for key in ("dynamic_sampling.enabled=true", "curriculum.key=difficulty"):
-        with pytest.raises(ConfigError, match="max_staleness > 0 draws its tasks in the background"):
-            build(TrainConfig, parse_overrides(["max_staleness=1", "loss.sampler_is_mode=truncate", key]))
+def test_background_rollouts_refuse_dynamic_sampling():
+    with pytest.raises(ConfigError, match="max_staleness > 0 draws its tasks in the background"):
+        build(TrainConfig, parse_overrides(["max_staleness=1", "loss.sampler_is_mode=truncate", "dynamic_sampling.enabled=true"]))
+    build(TrainConfig, parse_overrides(["max_staleness=1", "loss.sampler_is_mode=truncate", "curriculum.key=difficulty"]))  # combines
+
+
+def test_a_curriculum_drawn_ahead_gives_the_trainer_the_same_tasks_whenever_groups_come_back():
+    """The background thread draws batch T before the batches in front of it are back; the
+    trainer draws T later, knowing more. Both fold in only the groups of batches before T - lag,
+    so they draw the same tasks, and those groups do steer the draw."""
+    from agentrl.group_draw import AheadTasks
+
+    data = [{"difficulty": d, "i": i} for i in range(200) for d in (1, 2, 3)]
+    settings = CurriculumSettings(key="difficulty", floor=0.05, smoothing=0.5)
+    trainer = AheadTasks(TrainState(seed=0, order=[]), data, Curriculum(data, settings, seed=0), lag=2, min_std=0.0)
+    batch = [trainer.next_tasks(0, 8)]  # the trainer's first draw; the background clones it after
+    ahead = trainer.clone()
+    ahead_draws = {}
+
+    def back(t: int) -> list[TrajectoryGroup]:  # only level 2 varies
+        return [group([0, 1] if task["difficulty"] == 2 else [1, 1], task["difficulty"]) for task in batch[t]]
+
+    for t in range(12):
+        # the background is two batches ahead: it draws t + 1 and t + 2 while only batches < t are back
+        for target in (t + 1, t + 2):
+            if target not in ahead_draws:
+                ahead_draws[target] = [x["i"] * 10 + x["difficulty"] for x in ahead.next_tasks(target, 8)]
+        if t > 0:
+            batch.append(trainer.next_tasks(t, 8))
+            assert [x["i"] * 10 + x["difficulty"] for x in batch[t]] == ahead_draws[t], f"batch {t} differs"
+        groups = back(t)
+        ahead.observe(t, groups)
+        trainer.observe(t, groups)
+    late = Counter(x["difficulty"] for b in batch[6:] for x in b)
+    assert late[2] > late[1] + late[3], late  # the informative level is drawn most once its groups count
+    saved = json.loads(json.dumps(trainer.state.curriculum))  # travels in trainer_state.json, pending batches too
+    assert [t for t, _ in saved["pending"]] == [9, 10, 11]  # the last draw (11) folded in batches < 9
+    resumed = AheadTasks(TrainState(seed=0, order=[], curriculum=saved), data, Curriculum(data, settings, seed=0), lag=2, min_std=0.0)
+    resumed.curriculum.load_state_dict(saved)
+    assert resumed.next_tasks(13, 8) == trainer.next_tasks(13, 8)
 
 
 def test_curriculum_key_must_be_a_task_field():
@@ -152,6 +188,23 @@ def test_environment_train_defaults_apply_where_the_user_sets_nothing():
 
 
 SMALL = ["prompts_per_step=2", "num_generations=4", "micro_batch_size=4", "rollout.max_tokens_per_turn=32", "rollout.max_completion_tokens=160", "learning_rate=1e-4"]
+
+
+def test_a_curriculum_with_rollouts_ahead_in_a_real_run(tmp_path):
+    """The trainer checks at every step that the background drew its tasks (test above: the
+    mechanism); here a real run finishes with the curriculum learning and checkpointed."""
+    cfg = build(TrainConfig, parse_overrides([
+        *SMALL, "max_steps=4", f"output_dir={tmp_path}", "max_staleness=1", "curriculum.key=difficulty",
+        "env_args.difficulty=[1,2,3]", "sampling.temperature=1.0",
+    ]))
+    trainer = Trainer(cfg)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3, 4]
+    assert all("curriculum/difficulty=3/weight" in m and 0 <= m["async/staleness"] <= 1 for m in lines)
+    state = json.loads((tmp_path / "checkpoints" / "step-000004" / "trainer_state.json").read_text())
+    assert set(state["curriculum"]["orders"]) == {"1", "2", "3"} and [t for t, _ in state["curriculum"]["pending"]] == [2, 3]
+    assert sum(state["curriculum"]["seen"].values()) == 2 * 2  # batches 0 and 1 folded in (lag 1), two groups each
 
 
 def test_dynamic_sampling_and_curriculum_in_a_real_run(tmp_path):
