@@ -60,9 +60,11 @@ class EarlyStops:
         return logits
 
     def advance(self) -> None:
-        """Every row was given one token."""
+        """Every row was given one token. Once no row needs masking, counts stop (no kernel per
+        step): each is at or past its minimum then, and only ``restart`` lowers one."""
+        if self.active:
+            self.count += 1
         self.steps += 1
-        self.count += 1
 
     def keep(self, rows: torch.Tensor) -> None:
         """Follow a batch that dropped rows: keep only ``rows`` (a device index tensor)."""

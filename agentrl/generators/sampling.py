@@ -7,6 +7,7 @@ applied in another order), so it is tested on its own (tests/test_generator_tran
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -57,10 +58,11 @@ def sample_next(
         p.temperature == first.temperature and p.top_k == first.top_k and p.top_p == first.top_p and p.min_p == first.min_p
         for p in params
     ):  # the common case: one setting for the whole batch, no per-row seeds -> no index juggling
-        if fused and not (first.top_k > 0 or first.top_p < 1 or first.min_p > 0):
+        filtered = first.top_k > 0 or first.top_p < 1 or first.min_p > 0
+        if fused and not filtered:
             return _compiled_gumbel_max()(logits, 1.0 / first.temperature)
         x = logits.float() / first.temperature
-        if first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
+        if filtered:
             x = _filter_logits(x, params)
         return _race(x.log_softmax(-1))
     logits = logits.float()
@@ -109,14 +111,10 @@ def gumbel_max(logits: torch.Tensor, inverse_temperature: float) -> tuple[torch.
     return choice, x.gather(1, choice[:, None]).squeeze(1) - x.logsumexp(-1)
 
 
-_COMPILED: list[Any] = []
-
-
+@functools.cache
 def _compiled_gumbel_max() -> Any:
     """``gumbel_max`` under ``torch.compile`` (dynamic rows), compiled once per process on first use."""
-    if not _COMPILED:
-        _COMPILED.append(torch.compile(gumbel_max, dynamic=True))
-    return _COMPILED[0]
+    return torch.compile(gumbel_max, dynamic=True)
 
 
 def _race(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
