@@ -62,7 +62,8 @@ class Batch:
 
 
 def build_batch(
-    groups: list[TrajectoryGroup], *, pad_id: int, scale: Scale = "group", log_episodes: int = 0, mode: AdvantageMode = "episode"
+    groups: list[TrajectoryGroup], *, pad_id: int, scale: Scale = "group", log_episodes: int = 0, mode: AdvantageMode = "episode",
+    guided_weight: float = 1.0,
 ) -> Batch:
     """The ``Batch`` of these groups: failed episodes dropped, rewards kept per turn, advantages per token.
 
@@ -70,6 +71,8 @@ def build_batch(
     (GRPO: the episode's group-relative advantage on every token) or ``turn`` (each turn's tokens
     get that turn's advantage, ``agentrl.losses.turn_level_advantages``). ``log_episodes``: the
     first this many episodes get the trainer's log-probs written back onto their samples.
+    ``guided_weight``: multiplies the advantages of demonstrated episodes (``guidance.weight``,
+    agentrl/guidance.py) after the group normalisation.
     """
     trajs: list[Trajectory] = []
     group_of: list[int] = []
@@ -86,6 +89,8 @@ def build_batch(
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     turn_values = [[turn.reward for turn in t.turns] or [0.0] for t in trajs]
     per_turn, adv_metrics = compute_advantages([t.reward for t in trajs], turn_values, group_of, mode=mode, scale=scale)
+    if guided_weight != 1.0:
+        per_turn = [adv * guided_weight if t.guided else adv for adv, t in zip(per_turn, trajs)]
     turn_rewards, components, names = _turn_rewards(trajs)
 
     B = len(rows)
@@ -155,7 +160,9 @@ def _turn_rewards(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def reward_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    """Mean reward and each component's mean over the episodes where it applied."""
+    """Mean reward and each component's mean over the episodes where it applied: the policy's own
+    episodes (demonstrated ones, agentrl/guidance.py, are trained on but are not its reward)."""
+    trajs = [t for t in trajs if not t.guided]
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     out = {"reward/mean": float(rewards.mean()) if trajs else 0.0, "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0}
     for name in sorted({k for t in trajs for k in t.rewards}):

@@ -146,6 +146,17 @@ class Environment:
     async def close(self) -> None:
         """Release per-episode resources (sandboxes, connections)."""
 
+    async def demonstrate(self) -> Message | None:
+        """The assistant message an expert would send next in the running episode, or None.
+
+        Optional. ``guidance.enabled`` (agentrl/guidance.py) plays one demonstrated episode per
+        group through the same token path as the sampled ones and trains on it where it beats
+        every sample: the way a skill the model never samples right (the calculator's two-call
+        tasks) can still be learned. Called after ``reset`` and after each ``step``; the default
+        has no demonstrations.
+        """
+        return None
+
     # -- rewards: one path for the environment's own and for rewards added by a trainer -------------
 
     def reward_context(self) -> dict[str, Any]:

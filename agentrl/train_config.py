@@ -10,6 +10,7 @@ from pydantic import Field
 from agentrl.config import ENV_ARGS_DOC, ENV_DOC, GeneratorSettings, ModelSettings, RolloutConfig, SamplingConfig, Strict
 from agentrl.curriculum import CurriculumSettings
 from agentrl.group_selection import DynamicSampling
+from agentrl.guidance import GuidanceSettings
 from agentrl.losses import LossConfig
 
 
@@ -89,6 +90,7 @@ class TrainConfig(Strict):
     )
     dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
     curriculum: CurriculumSettings = Field(default_factory=CurriculumSettings)
+    guidance: GuidanceSettings = Field(default_factory=GuidanceSettings)
     mask_truncated_completions: bool = Field(False, description="truncated episodes get no gradient")
     extra_rewards: list[ExtraReward] = Field(default_factory=list, description="reward functions added to the environment's: [{fn: 'mod:f', weight: 1.0}]")
     peft: LoraSettings | None = Field(None, description="LoRA training (off unless a peft.* key is set)")

@@ -21,6 +21,7 @@ from agentrl.checkpoint import open_run
 from agentrl.config import ConfigError, build, parse_overrides
 from agentrl.distributed import accelerator_handlers
 from agentrl.env import Environment, EnvError, Reward
+from agentrl.guidance import has_demonstrations
 from agentrl.registry import UnknownEnvironment, load_object, make
 from agentrl.train_config import TrainConfig
 
@@ -88,6 +89,8 @@ def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environ
         env = env.with_rewards([_load_reward(r) for r in cfg.extra_rewards])
     except EnvError as exc:
         raise ConfigError(f"extra_rewards: {exc}") from None
+    if cfg.guidance.enabled and not has_demonstrations(env):
+        raise ConfigError(f"guidance.enabled: env={name} ({type(env).__name__}) has no demonstrations; it must implement demonstrate() (agentrl/guidance.py)")
     train = _split(env, name, "train")
     if cfg.eval_every:
         _split(env, name, "test")

@@ -124,7 +124,7 @@ class Trainer:
         )
         if gathered is not None:
             self.generator = GatheredGenerator(self.generator, self.policy, gathered)
-        self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling)
+        self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling, guidance=cfg.guidance.enabled)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
@@ -172,7 +172,8 @@ class Trainer:
                     t_start = time.perf_counter()
                     drawn = self.draw.next()
                     rollout_peak = peak_memory_gib()
-                    batch = build_batch(drawn.train, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage)
+                    batch = build_batch(drawn.train, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage,
+                                        guided_weight=cfg.guidance.weight)
                     for metrics in self.learner.learn(batch, state.step):
                         state.step += 1
                         metrics.update(self._sync_weights())
@@ -265,7 +266,7 @@ class Trainer:
                 cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed, host_rollouts=True,
                 training_alongside=True,
             ),
-            engine_of=lambda generator: RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling),
+            engine_of=lambda generator: RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling, guidance=cfg.guidance.enabled),
             tasks_per_batch=cfg.prompts_per_step * cfg.steps_per_generation, steps_per_generation=cfg.steps_per_generation,
             max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=lambda step: train_seed(cfg.seed, step), version=self.state.step,
             device=torch.device(cfg.rollout_device) if cfg.rollout_device else self.accelerator.device, dtype=torch.bfloat16 if bf16 else None,

@@ -90,6 +90,7 @@ class Trajectory:
     splits: int = 0
     error: str | None = None
     duration_s: float = 0.0
+    guided: bool = False  # the assistant turns are the environment's demonstration (agentrl/guidance.py), not samples
 
     # Convenience views of the (usually single) sample.
     @property

@@ -133,10 +133,13 @@ def main() -> None:
             results[name]["step_s_mean"] = sum(m.get("perf/step_s", 0) for m in lines) / max(1, len(lines))
             results[name]["reward_first5"] = sum(m.get("reward/mean", 0) for m in lines[:5]) / max(1, len(lines[:5]))
             results[name]["reward_last5"] = sum(m.get("reward/mean", 0) for m in lines[-5:]) / max(1, len(lines[-5:]))
+            if any("rollout/guided" in m for m in lines):  # guidance: groups that took the demonstration
+                results[name]["guided_first5"] = sum(m.get("rollout/guided", 0) for m in lines[:5]) / max(1, len(lines[:5]))
+                results[name]["guided_last5"] = sum(m.get("rollout/guided", 0) for m in lines[-5:]) / max(1, len(lines[-5:]))
     (out / "summary.json").write_text(json.dumps({"train_seconds": train_s, "results": results}, indent=1))
     for name, r in results.items():
         row = {e: (r.get(e, {}).get("pass@1"), r.get(e, {}).get("well_formed_call_rate"), r.get(e, {}).get("tool_calls")) for e in evals}
-        print(name, r.get("steps"), f"{r.get('step_s_mean', 0):.1f}s/step", row, flush=True)
+        print(name, r.get("steps"), f"{r.get('step_s_mean', 0):.1f}s/step", f"guided {r.get('guided_first5')} -> {r.get('guided_last5')}", row, flush=True)
 
 
 if __name__ == "__main__":

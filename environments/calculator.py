@@ -243,6 +243,21 @@ class CalculatorEnv(ToolEnvironment):
         self.levels, self.train_levels = levels, train_levels
         self.num_train, self.num_test, self.seed = num_train, num_test, seed
 
+    async def demonstrate(self) -> dict[str, Any] | None:
+        """The next turn of the ideal episode: call step ``k`` with the previous call's result as its
+        left operand (as the bundled model's supervised data does), then state the last result."""
+        ep = self.episode
+        if ep is None:
+            return None
+        steps = ep["task"]["steps"]
+        results = [m.get("content", "") for m in ep["messages"] if m.get("role") == "tool"]
+        k = len(results)
+        if k >= len(steps):
+            return {"role": "assistant", "content": f"The answer is {results[-1].strip()}." if results else ""}
+        expression = steps[k] if k == 0 else results[-1].strip() + steps[k][steps[k].index(" ") :]
+        call = {"type": "function", "id": f"call_{k}", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+        return {"role": "assistant", "content": "", "tool_calls": [call]}
+
     def load_dataset(self, split: str) -> Dataset:
         if split not in SPLIT_SEEDS:
             raise KeyError(f"calculator has splits {sorted(SPLIT_SEEDS)}, not {split!r}")

@@ -274,6 +274,25 @@ class ChatFormat:
         result.issues = result.issues + framing
         return result
 
+    def assistant_ids(self, messages: Sequence[Message], message: Message, tools: Sequence[Message] | None = None) -> list[int]:
+        """The ids the model would sample after ``render(messages, tools)`` to write ``message``,
+        up to and including the end-of-turn token: how a demonstrated turn enters an episode
+        (agentrl/guidance.py) on the same token path as a sampled one.
+
+        Raises ``ValueError`` naming the problem when the template does not extend the prompt
+        with the message, or writes no end-of-turn token after it.
+        """
+        prompt = self.render(messages, tools, add_generation_prompt=True)
+        full = self.render([*messages, message], tools, add_generation_prompt=False)
+        if full[: len(prompt)] != prompt:
+            raise ValueError(f"the template's render of the assistant message does not extend the prompt: {self._first_difference(prompt, full)}")
+        turn = full[len(prompt) :]
+        eot = set(self._eot_ids)
+        end = next((i for i, t in enumerate(turn) if t in eot), None)
+        if end is None:
+            raise ValueError(f"the template writes no end-of-turn token {self._show(self._eot_ids)} after the assistant message")
+        return turn[: end + 1]
+
     # ---------------------------------------------------------------- bridging
     def bridge(
         self,

@@ -29,6 +29,7 @@ from agentrl.chat.base import ChatFormat
 from agentrl.dispatch import ToolRecord
 from agentrl.env import Environment
 from agentrl.generators.base import Generator, SamplingConfig, SamplingParams
+from agentrl.guidance import demonstrated_turn, merge_guided
 from agentrl.strict import Strict
 from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
 
@@ -51,12 +52,20 @@ class RolloutEngine:
     """Runs episodes of an environment against a generator through one chat format."""
 
     def __init__(
-        self, generator: Generator, chat_format: ChatFormat, config: RolloutConfig | None = None, sampling: SamplingConfig | None = None
+        self,
+        generator: Generator,
+        chat_format: ChatFormat,
+        config: RolloutConfig | None = None,
+        sampling: SamplingConfig | None = None,
+        guidance: bool = False,
     ) -> None:
+        """``guidance``: each group also plays the environment's demonstration, which replaces the
+        group's worst sample where it scores above every sample (agentrl/guidance.py)."""
         self.generator = generator
         self.chat_format = chat_format
         self.config = config or RolloutConfig()
         self.sampling = sampling or SamplingConfig()
+        self.guidance = guidance
         self.events: list[tuple[str, int, int]] = []  # (kind, episode, turn) in order, for tests and debugging
         self.record_events = False
 
@@ -105,21 +114,36 @@ class RolloutEngine:
             if on_episode is not None:
                 on_episode(traj)
 
+        # demonstrated episodes send the generator nothing: outside its count, under their own limiter
+        guided: list[Trajectory | None] = [None] * len(groups)
+        guide_limiter = anyio.CapacityLimiter(self.config.max_concurrent_episodes)
+
+        async def demonstrate(g: int) -> None:
+            async with guide_limiter:
+                guided[g] = await self.run_episode(env, groups[g].task, groups[g].seed, group=g, index=n, guided=True)
+
         try:
             async with anyio.create_task_group() as tg:
                 for g in range(len(groups)):
                     for i in range(n):
                         tg.start_soon(one, g, i)
+                    if self.guidance:
+                        tg.start_soon(demonstrate, g)
         finally:
             if expected:  # cancelled: episodes that never started leave the count too
                 track(-expected)
+        if self.guidance:
+            merge_guided(groups, guided)
         return groups
 
     async def run_episode(
-        self, base_env: Environment, task: dict[str, Any], seed: int | None, group: int = 0, index: int = 0
+        self, base_env: Environment, task: dict[str, Any], seed: int | None, group: int = 0, index: int = 0, guided: bool = False
     ) -> Trajectory:
-        """One episode. Infrastructure failures are recorded on the trajectory, never raised."""
-        traj = Trajectory(task=dict(task), seed=seed, group=group, index=index)
+        """One episode. Infrastructure failures are recorded on the trajectory, never raised.
+
+        ``guided``: the assistant turns are the environment's demonstration (agentrl/guidance.py).
+        """
+        traj = Trajectory(task=dict(task), seed=seed, group=group, index=index, guided=guided)
         start = time.perf_counter()
         env = base_env.spawn()
         try:
@@ -159,7 +183,10 @@ class RolloutEngine:
             sampling = SamplingParams.of(self.sampling, max_tokens=budget, stop_token_ids=list(fmt.stop_token_ids), seed=self._seed(traj, turn_index))
             self._event("generate", traj, turn_index)
             t0 = time.perf_counter()
-            gen = await self.generator.generate(sample.ids, sampling)
+            if traj.guided:
+                gen = await demonstrated_turn(env, fmt, traj.messages, tools, budget)
+            else:
+                gen = await self.generator.generate(sample.ids, sampling)
             gen_s = time.perf_counter() - t0
             self._event("generated", traj, turn_index)
             start = len(sample.completion_ids)

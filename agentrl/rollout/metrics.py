@@ -20,7 +20,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s: float | None = None) -> dict[str, Any]:
     """Flat metrics dict (keys like ``tools/failures/timeout``) for logs and tables."""
-    trajs = [t for g in groups for t in (g.trajectories if isinstance(g, TrajectoryGroup) else [g])]
+    every = [t for g in groups for t in (g.trajectories if isinstance(g, TrajectoryGroup) else [g])]
+    trajs = [t for t in every if not t.guided]  # demonstrated episodes (agentrl/guidance.py) are counted, not measured
     ok = [t for t in trajs if t.ok]
     records = [r for t in ok for turn in t.turns for r in turn.tool_records]
     latencies = [r.latency_s for r in records]
@@ -48,6 +49,8 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
         "bridges/proven": sum(turn.bridge == "proven" for t in ok for turn in t.turns),
         "reward/mean": _mean([t.reward for t in ok]),
     }
+    if len(every) > len(trajs):
+        out["guided"] = len(every) - len(trajs)
     for kind, count in sorted(Counter(r.kind for r in records if r.kind != "ok").items()):
         out[f"tools/failures/{kind}"] = count
     for (tool, kind), count in sorted(Counter((r.tool, r.kind) for r in records if r.kind in FAILURES).items()):

@@ -1,0 +1,79 @@
+"""Guidance: a demonstrated episode in each group, trained on where it beats every sample.
+
+GRPO learns only from what the policy samples: a group whose eight episodes all fail the same way
+has no success to move towards. Where the environment can demonstrate (``Environment.demonstrate``:
+the assistant message an expert would send next), ``guidance.enabled`` plays one extra episode per
+group whose assistant turns are the demonstration's, through the same chat format, environment,
+tools and rewards as the sampled ones. When its reward is above every sampled episode's, it takes
+the place of the group's lowest-reward episode, so the group's advantages point at it; otherwise it
+is dropped. As the policy learns, its own samples match the demonstration and guidance fades by
+itself. This is off-policy guidance in the spirit of LUFFY (Yan et al., 2025, "Learning to Reason
+under Off-Policy Guidance"), in its simplest form: the demonstration's tokens carry no sampler
+log-probabilities (NaN), so the loss treats them as on-policy (ratio 1 at the first pass, no
+sampler correction).
+
+The demonstrated turns are token ids the model could have sampled (``ChatFormat.assistant_ids``);
+they are trained like sampled ones (loss mask 1) and are never scored as the policy's: training
+reward and rollout metrics leave guided episodes out and count them (``rollout/guided``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import Field
+
+from agentrl.chat.base import ChatFormat
+from agentrl.env import Environment
+from agentrl.generators.base import Generation
+from agentrl.strict import Strict
+from agentrl.trajectory import Trajectory, TrajectoryGroup
+
+
+class GuidanceSettings(Strict):
+    """``guidance.*``: one demonstrated episode per group, kept where it beats every sample."""
+
+    enabled: bool = Field(False, description="play one demonstrated episode per group (the environment's demonstrate()) and train on it where its reward is above every sample's")
+    weight: float = Field(1.0, gt=0, description="multiplies a kept demonstration's advantages (after the group normalisation): how much of each step's update imitates")
+
+
+class GuidanceError(RuntimeError):
+    """A demonstrated turn that cannot be played (no demonstration, a template that cannot render it)."""
+
+
+def has_demonstrations(env: Environment) -> bool:
+    """Whether ``env`` overrides ``Environment.demonstrate``."""
+    return type(env).demonstrate is not Environment.demonstrate
+
+
+async def demonstrated_turn(env: Environment, fmt: ChatFormat, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, budget: int) -> Generation:
+    """The environment's next demonstrated message as the ids a model would sample, ending with the
+    end of turn; NaN log-probabilities (no sampler drew them)."""
+    message = await env.demonstrate()
+    if message is None:
+        raise GuidanceError(f"{type(env).__name__}.demonstrate() has no message for turn {sum(m.get('role') == 'assistant' for m in messages) + 1}")
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        raise GuidanceError(f"{type(env).__name__}.demonstrate() must return an assistant message (a dict with role 'assistant'), got {message!r:.200}")
+    try:
+        ids = fmt.assistant_ids(messages, message, tools)
+    except ValueError as exc:
+        raise GuidanceError(f"the demonstrated message cannot be rendered as a turn: {exc}") from None
+    if len(ids) > budget:
+        raise GuidanceError(f"the demonstrated turn has {len(ids)} tokens, over this turn's budget of {budget}")
+    return Generation(token_ids=ids, logprobs=[math.nan] * len(ids), finish_reason="stop")
+
+
+def merge_guided(groups: list[TrajectoryGroup], guided: list[Trajectory | None]) -> int:
+    """Put each group's demonstrated episode in place of its lowest-reward sample where the
+    demonstration's reward is above every sample's; returns how many groups took one."""
+    taken = 0
+    for group, demo in zip(groups, guided):
+        ok = group.ok
+        if demo is None or not demo.ok or not ok or demo.reward <= max(t.reward for t in ok):
+            continue
+        worst = min(range(len(group.trajectories)), key=lambda i: (group.trajectories[i].ok, group.trajectories[i].reward))
+        demo.index = group.trajectories[worst].index
+        group.trajectories[worst] = demo
+        taken += 1
+    return taken
