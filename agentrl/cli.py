@@ -53,17 +53,22 @@ def main(argv: list[str] | None = None) -> int:
     from agentrl.strict import ConfigError
 
     try:
-        return _load(COMMANDS[command][1])(rest)
+        code = _load(COMMANDS[command][1])(rest)
     except KeyboardInterrupt:
         print(f"agentrl {command}: interrupted", file=sys.stderr)
-        return 130
+        code = 130
     except Exception as exc:
         if debug:
             raise
         user_error = isinstance(exc, (ConfigError, FileNotFoundError, LookupError)) or type(exc).__name__ in USER_ERRORS
         what = str(exc) if user_error else f"{type(exc).__name__}: {exc}"
         print(f"agentrl {command}: {_one_line(what)}" + ("" if user_error else " (--debug shows the traceback)"), file=sys.stderr)
-        return 2 if user_error else 1
+        code = 2 if user_error else 1
+    if "torch" in sys.modules:  # a launched multi-process run leaves its process group here (never returns then)
+        from agentrl.distributed import leave_process_group
+
+        leave_process_group(code)
+    return code
 
 
 # Errors other modules raise for bad input (by name: importing them all here would load every module).

@@ -20,7 +20,7 @@ reward and rollout metrics leave guided episodes out and count them (``rollout/g
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -35,6 +35,9 @@ class GuidanceSettings(Strict):
     """``guidance.*``: one demonstrated episode per group, kept where it beats every sample."""
 
     enabled: bool = Field(False, description="play one demonstrated episode per group (the environment's demonstrate()) and train on it where its reward is above every sample's")
+    keep: Literal["above_all", "above_mean"] = Field(
+        "above_all", description="keep a demonstration whose reward is above every sample's (above_all) or above the group's mean (above_mean: most groups, solved ones too)"
+    )
     weight: float = Field(1.0, gt=0, description="multiplies a kept demonstration's advantages (after the group normalisation): how much of each step's update imitates")
 
 
@@ -64,13 +67,17 @@ async def demonstrated_turn(env: Environment, fmt: ChatFormat, messages: list[di
     return Generation(token_ids=ids, logprobs=[math.nan] * len(ids), finish_reason="stop")
 
 
-def merge_guided(groups: list[TrajectoryGroup], guided: list[Trajectory | None]) -> int:
+def merge_guided(groups: list[TrajectoryGroup], guided: list[Trajectory | None], keep: str = "above_all") -> int:
     """Put each group's demonstrated episode in place of its lowest-reward sample where the
-    demonstration's reward is above every sample's; returns how many groups took one."""
+    demonstration's reward is above every sample's (``above_all``) or above the samples' mean
+    (``above_mean``); returns how many groups took one."""
     taken = 0
     for group, demo in zip(groups, guided):
         ok = group.ok
-        if demo is None or not demo.ok or not ok or demo.reward <= max(t.reward for t in ok):
+        if demo is None or not demo.ok or not ok:
+            continue
+        bar = max(t.reward for t in ok) if keep == "above_all" else sum(t.reward for t in ok) / len(ok)
+        if demo.reward <= bar:
             continue
         worst = min(range(len(group.trajectories)), key=lambda i: (group.trajectories[i].ok, group.trajectories[i].reward))
         demo.index = group.trajectories[worst].index

@@ -124,7 +124,7 @@ class Trainer:
         )
         if gathered is not None:
             self.generator = GatheredGenerator(self.generator, self.policy, gathered)
-        self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling, guidance=cfg.guidance.enabled)
+        self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling, guidance=cfg.guidance.enabled, guidance_keep=cfg.guidance.keep)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
@@ -266,7 +266,7 @@ class Trainer:
                 cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed, host_rollouts=True,
                 training_alongside=True,
             ),
-            engine_of=lambda generator: RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling, guidance=cfg.guidance.enabled),
+            engine_of=lambda generator: RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling, guidance=cfg.guidance.enabled, guidance_keep=cfg.guidance.keep),
             tasks_per_batch=cfg.prompts_per_step * cfg.steps_per_generation, steps_per_generation=cfg.steps_per_generation,
             max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=lambda step: train_seed(cfg.seed, step), version=self.state.step,
             device=torch.device(cfg.rollout_device) if cfg.rollout_device else self.accelerator.device, dtype=torch.bfloat16 if bf16 else None,

@@ -168,3 +168,68 @@ def test_a_guided_run_trains_on_demonstrations_and_logs_them(tmp_path):
     assert all(m["reward/mean"] < 1.7 and math.isfinite(m["loss/loss"]) and m["loss/is_ratio/num_nonfinite_sampler"] > 0 for m in lines)
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert all("guided" in s for s in samples)
+
+
+def test_demonstrated_tokens_are_trained_as_on_policy_tokens():
+    """A demonstration's tokens carry NaN sampler log-probs: the sampler correction leaves them alone,
+    so the step equals the one where the sampler reported exactly the trainer's log-probs, and it
+    makes the demonstration more likely."""
+    import transformers
+    from accelerate import Accelerator
+
+    from agentrl.learner import Learner, LearnSettings
+    from agentrl.logprobs import completion_logprobs
+    from agentrl.losses import LossConfig
+    from agentrl.reference import Reference
+
+    def demo_groups():
+        g = torch.Generator().manual_seed(0)
+        trajs = []
+        for i in range(4):
+            t = Trajectory(task={}, seed=0, index=i, guided=i == 3, reward=1.7 if i == 3 else 0.1 * i)
+            s = Sample(prompt_ids=[5, 6, 7])
+            ids = torch.randint(10, 100, (6,), generator=g).tolist()
+            s.extend(ids, sampled=True, logprobs=[math.nan] * 6 if i == 3 else [-2.0] * 6)  # samples far from the trainer: corrected
+            t.samples.append(s)
+            t.turns.append(Turn(index=0, message={"role": "assistant"}, num_sampled=6, finish_reason="stop", reward=t.reward))
+            trajs.append(t)
+        return [TrajectoryGroup(task={}, seed=0, trajectories=trajs)]
+
+    def step(on_policy_demo: bool):
+        torch.manual_seed(0)
+        cfg = transformers.Qwen2Config(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                       head_dim=16, intermediate_size=64)
+        model = transformers.Qwen2ForCausalLM(cfg).float().train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        settings = LearnSettings(micro_batch_size=4, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=64,
+                                 max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1)
+        learner = Learner(Accelerator(cpu=True), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+                          Reference(model, "full", 0.0), LossConfig(loss_type="dapo"), settings)
+        batch = build_batch(demo_groups(), pad_id=0)
+
+        def demo_logprobs():
+            with torch.no_grad():
+                return completion_logprobs(model, batch.input_ids[3:4], batch.starts[3:4], batch.loss_mask.shape[1])[0, :6]
+
+        before = demo_logprobs()
+        assert torch.isnan(batch.sampler_logprobs[3, :6]).all()
+        if on_policy_demo:
+            batch.sampler_logprobs[3, :6] = before
+        metrics = list(learner.learn(batch, 0))
+        return float(before.sum()), float(demo_logprobs().sum()), [p.detach().clone() for p in model.parameters()], metrics[0]
+
+    before, after, nan_weights, metrics = step(on_policy_demo=False)
+    _, _, exact_weights, _ = step(on_policy_demo=True)
+    assert after > before + 0.1, "the demonstration's tokens became more likely"
+    assert metrics["loss/is_ratio/num_nonfinite_sampler"] == 6
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(nan_weights, exact_weights))
+
+
+def test_merge_above_mean_takes_the_demonstration_in_solved_groups_too():
+    groups = [
+        TrajectoryGroup(task={}, seed=0, trajectories=[traj(1.7, index=0), traj(0.2, index=1), traj(0.9, index=2)]),  # mean 0.93
+        TrajectoryGroup(task={}, seed=1, trajectories=[traj(1.7, index=0), traj(1.7, index=1)]),  # mean 1.7: not above
+    ]
+    assert merge_guided(groups, [traj(1.7, guided=True), traj(1.7, guided=True)], keep="above_mean") == 1
+    assert [t.guided for t in groups[0].trajectories] == [False, True, False]
+    assert not any(t.guided for t in groups[1].trajectories)

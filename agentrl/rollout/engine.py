@@ -58,14 +58,16 @@ class RolloutEngine:
         config: RolloutConfig | None = None,
         sampling: SamplingConfig | None = None,
         guidance: bool = False,
+        guidance_keep: str = "above_all",
     ) -> None:
         """``guidance``: each group also plays the environment's demonstration, which replaces the
-        group's worst sample where it scores above every sample (agentrl/guidance.py)."""
+        group's worst sample where it scores above every sample, or above their mean with
+        ``guidance_keep="above_mean"`` (agentrl/guidance.py)."""
         self.generator = generator
         self.chat_format = chat_format
         self.config = config or RolloutConfig()
         self.sampling = sampling or SamplingConfig()
-        self.guidance = guidance
+        self.guidance, self.guidance_keep = guidance, guidance_keep
         self.events: list[tuple[str, int, int]] = []  # (kind, episode, turn) in order, for tests and debugging
         self.record_events = False
 
@@ -133,7 +135,7 @@ class RolloutEngine:
             if expected:  # cancelled: episodes that never started leave the count too
                 track(-expected)
         if self.guidance:
-            merge_guided(groups, guided)
+            merge_guided(groups, guided, self.guidance_keep)
         return groups
 
     async def run_episode(
