@@ -8,6 +8,7 @@ import math
 import anyio
 import pytest
 import torch
+from chat_fixtures import TOOLS, load_asset_tokenizer, tool_call
 
 from agentrl.batch import build_batch
 from agentrl.chat import get_chat_format
@@ -16,23 +17,11 @@ from agentrl.environments.calculator import CalculatorEnv
 from agentrl.generators.base import SamplingParams
 from agentrl.generators.transformers import TransformersGenerator
 from agentrl.guidance import merge_guided
-from agentrl.models import load_model, load_tokenizer
+from agentrl.models import load_tokenizer
 from agentrl.rollout import RolloutConfig, RolloutEngine, rollout_metrics
 from agentrl.train_config import TrainConfig
 from agentrl.trainer import Trainer
 from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
-from chat_fixtures import load_asset_tokenizer, tool_call, TOOLS
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return load_model("default", dtype=torch.float32, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def fmt():
-    return get_chat_format(load_tokenizer("default"))
 
 
 def rollout(model, fmt, env, tasks, n, guidance=True, temperature=1.0):

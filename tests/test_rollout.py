@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import anyio
-import pytest
 import torch
 
 from agentrl import Reward, ToolEnvironment, make, tool
@@ -13,20 +12,8 @@ from agentrl.chat import default_template, get_chat_format
 from agentrl.environments.calculator import CalculatorEnv, correct
 from agentrl.generators.base import SamplingParams
 from agentrl.generators.transformers import TransformersGenerator
-from agentrl.models import load_model, load_tokenizer
 from agentrl.rollout import RolloutConfig, RolloutEngine, rollout_metrics
 from agentrl.trajectory import read_jsonl, write_jsonl
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return load_model("default", dtype=torch.float32, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def fmt():
-    return get_chat_format(load_tokenizer("default"))
 
 
 def engine_for(model, fmt, **cfg) -> RolloutEngine:
