@@ -222,3 +222,12 @@ def test_merge_above_mean_takes_the_demonstration_in_solved_groups_too():
     assert merge_guided(groups, [traj(1.7, guided=True), traj(1.7, guided=True)], keep="above_mean") == 1
     assert [t.guided for t in groups[0].trajectories] == [False, True, False]
     assert not any(t.guided for t in groups[1].trajectories)
+
+
+def test_guidance_with_rollouts_made_ahead(tmp_path):
+    """The background generator's engine plays demonstrations too (the same engine settings)."""
+    cfg = build(TrainConfig, parse_overrides([*SMALL, "max_steps=2", f"output_dir={tmp_path}", "guidance.enabled=true", "max_staleness=1"]))
+    Trainer(cfg).train()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    assert all(m["rollout/guided"] >= 1 and 0 <= m["async/staleness"] <= 1 for m in lines)
