@@ -50,16 +50,19 @@ def has_demonstrations(env: Environment) -> bool:
     return type(env).demonstrate is not Environment.demonstrate
 
 
-async def demonstrated_turn(env: Environment, fmt: ChatFormat, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, budget: int) -> Generation:
-    """The environment's next demonstrated message as the ids a model would sample, ending with the
-    end of turn; NaN log-probabilities (no sampler drew them)."""
+async def demonstrated_turn(
+    env: Environment, fmt: ChatFormat, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, budget: int, prompt_ids: list[int]
+) -> Generation:
+    """The environment's next demonstrated message as the ids a model would sample after
+    ``prompt_ids`` (the episode's ids so far), ending with the end of turn; NaN log-probabilities
+    (no sampler drew them)."""
     message = await env.demonstrate()
     if message is None:
         raise GuidanceError(f"{type(env).__name__}.demonstrate() has no message for turn {sum(m.get('role') == 'assistant' for m in messages) + 1}")
     if not isinstance(message, dict) or message.get("role") != "assistant":
         raise GuidanceError(f"{type(env).__name__}.demonstrate() must return an assistant message (a dict with role 'assistant'), got {message!r:.200}")
     try:
-        ids = fmt.assistant_ids(messages, message, tools)
+        ids = fmt.assistant_ids(messages, message, tools, prompt_ids=prompt_ids)
     except ValueError as exc:
         raise GuidanceError(f"the demonstrated message cannot be rendered as a turn: {exc}") from None
     if len(ids) > budget:
@@ -67,7 +70,7 @@ async def demonstrated_turn(env: Environment, fmt: ChatFormat, messages: list[di
     return Generation(token_ids=ids, logprobs=[math.nan] * len(ids), finish_reason="stop")
 
 
-def merge_guided(groups: list[TrajectoryGroup], guided: list[Trajectory | None], keep: str = "above_all") -> int:
+def merge_guided(groups: list[TrajectoryGroup], guided: list[Trajectory | None], keep: Literal["above_all", "above_mean"] = "above_all") -> int:
     """Put each group's demonstrated episode in place of its lowest-reward sample where the
     demonstration's reward is above every sample's (``above_all``) or above the samples' mean
     (``above_mean``); returns how many groups took one."""

@@ -274,15 +274,19 @@ class ChatFormat:
         result.issues = result.issues + framing
         return result
 
-    def assistant_ids(self, messages: Sequence[Message], message: Message, tools: Sequence[Message] | None = None) -> list[int]:
+    def assistant_ids(
+        self, messages: Sequence[Message], message: Message, tools: Sequence[Message] | None = None, prompt_ids: Sequence[int] | None = None
+    ) -> list[int]:
         """The ids the model would sample after ``render(messages, tools)`` to write ``message``,
         up to and including the end-of-turn token: how a demonstrated turn enters an episode
         (agentrl/guidance.py) on the same token path as a sampled one.
 
-        Raises ``ValueError`` naming the problem when the template does not extend the prompt
-        with the message, or writes no end-of-turn token after it.
+        ``prompt_ids``: the ids the episode holds (the render of ``messages`` where every bridge
+        was proven), so the prompt is not rendered again. Raises ``ValueError`` naming the problem
+        when the template does not extend the prompt with the message, or writes no end-of-turn
+        token after it.
         """
-        prompt = self.render(messages, tools, add_generation_prompt=True)
+        prompt = list(prompt_ids) if prompt_ids is not None else self.render(messages, tools, add_generation_prompt=True)
         full = self.render([*messages, message], tools, add_generation_prompt=False)
         if full[: len(prompt)] != prompt:
             raise ValueError(f"the template's render of the assistant message does not extend the prompt: {self._first_difference(prompt, full)}")

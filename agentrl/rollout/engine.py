@@ -186,7 +186,7 @@ class RolloutEngine:
             self._event("generate", traj, turn_index)
             t0 = time.perf_counter()
             if traj.guided:
-                gen = await demonstrated_turn(env, fmt, traj.messages, tools, budget)
+                gen = await demonstrated_turn(env, fmt, traj.messages, tools, budget, sample.ids)
             else:
                 gen = await self.generator.generate(sample.ids, sampling)
             gen_s = time.perf_counter() - t0
