@@ -45,6 +45,9 @@ SMALL = [
     "max_steps=2",
     "samples_per_log=1",
     "loss.sampler_is_mode=null",  # see the module docstring
+    # the test split's one- and two-call tasks, not the default run's three-call ones: the longer
+    # episodes put the FSDP comparison's float noise (Adam on near-zero gradients) at 2.7e-6, over TOL
+    "env_args.train_difficulty=[1,2]",
 ]
 TOL = 1e-6
 

@@ -177,8 +177,13 @@ def test_environment_train_defaults_apply_where_the_user_sets_nothing():
     register("tuned-calculator-test", TunedCalculator, overwrite=True)
     cfg = build(TrainConfig, parse_overrides(["env=tuned-calculator-test", "dynamic_sampling.max_rounds=1", "learning_rate=1e-4"]))
     assert cfg.advantage == "turn" and cfg.dynamic_sampling.enabled and cfg.dynamic_sampling.max_rounds == 1 and cfg.learning_rate == 1e-4
-    calc = build(TrainConfig, parse_overrides([]))  # the default environment is the calculator, tuned for 120 steps
-    assert (calc.advantage, calc.max_steps) == ("turn", 120)
+    calc = build(TrainConfig, parse_overrides([]))  # the default environment is the calculator, tuned for 90 steps
+    assert (calc.advantage, calc.max_steps, calc.learning_rate) == ("turn", 90, 5e-4)
+    assert (calc.guidance.enabled, calc.guidance.keep, calc.guidance.weight) == (True, "above_mean", 4.0)
+    assert calc.env_args == {"train_difficulty": [1, 2, 3]}
+    mine = build(TrainConfig, parse_overrides(["env_args.seed=3", "guidance.weight=2"]))
+    assert mine.env_args == {"seed": 3, "train_difficulty": [1, 2, 3]} and mine.guidance.weight == 2 and mine.guidance.enabled, "nested defaults merge key by key"
+    assert build(TrainConfig, parse_overrides(["env_args.train_difficulty=[1,2]"])).env_args == {"train_difficulty": [1, 2]}
     assert build(TrainConfig, parse_overrides(["advantage=episode"])).advantage == "episode"
     other = build(TrainConfig, parse_overrides(["env=search"]))
     assert (other.advantage, other.max_steps) == ("episode", 60), "an environment without train_defaults gets the global ones"
@@ -219,7 +224,8 @@ def test_dynamic_sampling_and_curriculum_in_a_real_run(tmp_path):
     for m in lines:
         drawn, kept, dropped, surplus = (m[f"sampling/groups_{k}"] for k in ("drawn", "kept", "dropped", "surplus"))
         assert drawn == kept + dropped + surplus and kept <= 2 and 1 <= m["sampling/rounds"] <= 2
-        assert m["rollout/episodes"] == 4 * drawn, "rollout metrics cover every drawn group"
+        # rollout metrics cover every drawn group; demonstrated episodes (the default guidance) are counted apart
+        assert m["rollout/episodes"] + m.get("rollout/guided", 0) == 4 * drawn, "rollout metrics cover every drawn group"
         if kept:  # the batch trains on varied groups only; the logged reward is every drawn episode's
             assert 0 < m["reward/kept_mean"] < 1
         assert "curriculum/difficulty=3/weight" in m

@@ -39,7 +39,7 @@ def test_train_writes_metrics_curve_samples_and_checkpoint(tmp_path):
     assert [m["step"] for m in lines] == [1, 2]
     for key in ("reward/mean", "accuracy", "loss/loss", "loss/clip_ratio/region", "loss/entropy/mean", "rollout/episodes_per_s", "lr"):
         assert key in lines[0], key
-    assert lines[0]["rollout/episodes"] == 8
+    assert lines[0]["rollout/episodes"] + lines[0]["rollout/guided"] == 8  # the calculator's default guidance: demonstrations counted apart
     assert (tmp_path / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "samples.jsonl").read_text().count("\n") == 4
     ckpt = tmp_path / "checkpoints" / "step-000002"

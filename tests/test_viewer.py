@@ -11,6 +11,7 @@ with the trainer's own function under bf16 autocast. Only the injection episode 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import struct
 import subprocess
@@ -420,8 +421,14 @@ def test_training_run_records_trainer_logprobs_that_match_the_sampler(tmp_path, 
     assert "tokenizer of default" in capsys.readouterr().out  # found through the run's config.json
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 2
-    gaps = [abs(t - s) for r in rows for smp in r["samples"] for t, s, m in zip(smp["trainer_logprobs"], smp["logprobs"], smp["loss_mask"]) if m]
+    sampled = [r for r in rows if not r["guided"]]  # the default run's guidance: demonstrations have no sampler log-probs
+    assert sampled, "the first logged episodes include a sampled one"
+    gaps = [abs(t - s) for r in sampled for smp in r["samples"] for t, s, m in zip(smp["trainer_logprobs"], smp["logprobs"], smp["loss_mask"]) if m]
     assert gaps and max(gaps) < 1e-4, max(gaps)  # same weights, same temperature, fp32: only float noise
+    for r in rows:
+        if r["guided"]:  # NaN where no sampler drew the token; the trainer's log-probs are still written
+            assert all(math.isnan(x) for smp in r["samples"] for x, m in zip(smp["logprobs"], smp["loss_mask"]) if m)
+            assert all(math.isfinite(x) for smp in r["samples"] for x, m in zip(smp["trainer_logprobs"], smp["loss_mask"]) if m)
     parsed = parse(tmp_path / "view.html")
     assert all("trainer" in e["attrs"]["data-flags"].split() for e in parsed.episodes)
     assert "step 1 · group 0" in (tmp_path / "view.html").read_text()
