@@ -363,11 +363,12 @@ def ending(traj: Trajectory) -> str:
 
 
 def deltas(traj: Trajectory) -> list[float]:
-    """Trainer minus sampler logprob of every sampled token that has both."""
+    """Trainer minus sampler logprob of every sampled token that has both (a demonstrated
+    episode's tokens have no sampler logprob: NaN, agentrl/guidance.py)."""
     out = []
     for s in traj.samples:
         if s.trainer_logprobs is not None:
-            out += [t - lp for t, lp, m in zip(s.trainer_logprobs, s.logprobs, s.loss_mask) if m]
+            out += [t - lp for t, lp, m in zip(s.trainer_logprobs, s.logprobs, s.loss_mask) if m and math.isfinite(lp)]
     return out
 
 
@@ -385,7 +386,7 @@ def flags(traj: Trajectory) -> list[str]:
         out.append("truncated")
     if traj.splits:
         out.append("split")
-    if deltas(traj):
+    if any(s.trainer_logprobs is not None and any(s.loss_mask) for s in traj.samples):
         out.append("trainer")
     return out
 

@@ -198,6 +198,8 @@ def _episode(e: Episode, decoder: Decoder, open_: bool) -> str:
     kinds = [r.kind for turn in t.turns for r in turn.tool_records]
     bad = sorted({k for k in kinds if k != "ok"})
     badges = []
+    if t.guided:
+        badges.append("<span class='b' title='guidance: the assistant turns are the environment&#x27;s demonstration, not samples (no sampler log-probabilities)'>demonstration</span>")
     if t.error:
         badges.append("<span class='b error'>episode failed</span>")
     if e.problems:

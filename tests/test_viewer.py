@@ -287,6 +287,31 @@ def test_run_folder_samples_round_trip(episodes, tmp_path, capsys):
     assert "trainer" in parsed.episodes[0]["attrs"]["data-flags"]
 
 
+def test_a_demonstrated_episode_is_labelled_and_its_nan_sampler_logprobs_stay_out_of_the_deltas(episodes, tmp_path, capsys):
+    """The default run's guidance logs demonstrations beside samples: NaN sampler log-probs (no
+    sampler drew them), trainer log-probs written. The page names them and shows no NaN delta."""
+    import copy
+
+    _, trajs = episodes
+    plain = trajs[0][1]
+    assert plain.samples[0].trainer_logprobs is not None
+    demo = copy.deepcopy(plain)
+    demo.guided = True
+    for smp in demo.samples:
+        smp.logprobs = [math.nan] * len(smp.logprobs)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"model": {"path": "default"}}))
+    RunLog(run, accelerator=None, live=False).samples(1, [plain, demo], lambda ids: "")
+    assert cli(["view", str(run)]) == 0
+    capsys.readouterr()
+    html = (run / "view.html").read_text()
+    heads = [e["text"] for e in parse(run / "view.html").episodes]
+    assert len(heads) == 2 and html.count(">demonstration</span>") == 1
+    assert "max |Δ| nan" not in html and "max |Δ|" in html  # the sampled episode keeps its delta
+    assert all("trainer" in e["attrs"]["data-flags"].split() for e in parse(run / "view.html").episodes), "both carry trainer log-probs"
+
+
 def test_bad_input_gets_one_clear_error(episodes, tmp_path, capsys):
     folder, _ = episodes
     assert cli(["view", str(tmp_path / "nope")]) == 2
