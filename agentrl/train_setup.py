@@ -60,6 +60,7 @@ def start_run(cfg: TrainConfig) -> tuple[Any, Path, bool]:
     run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}")
     cuda = torch.cuda.is_available()
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+    _forget_other_precision("bf16" if bf16 else "no")
     # cpu=True without CUDA: under torchrun/accelerate launch that is gloo data parallel (else one process)
     accelerator = Accelerator(
         cpu=not cuda, mixed_precision="bf16" if bf16 else "no", log_with=list(cfg.report_to) or None, project_dir=str(run_dir),
@@ -71,6 +72,18 @@ def start_run(cfg: TrainConfig) -> tuple[Any, Path, bool]:
     if cfg.report_to:
         accelerator.init_trackers("agentrl", config=json.loads(json.dumps(cfg.model_dump(), default=str)))
     return accelerator, run_dir, bf16
+
+
+def _forget_other_precision(mixed_precision: str) -> None:
+    """Let a second run in the same process (a notebook, a test session, a sweep) use another
+    precision than the first. accelerate keeps its mixed-precision setting in process-wide state
+    and refuses to change it ("AcceleratorState has already been initialized"); that state is
+    cleared here, keeping the process group (``PartialState``), so a run under torchrun is untouched."""
+    from accelerate.state import AcceleratorState
+
+    shared = AcceleratorState._shared_state
+    if shared and str(shared.get("_mixed_precision", mixed_precision)) != mixed_precision:
+        AcceleratorState._reset_state(reset_partial_state=False)
 
 
 def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environment, Any]:

@@ -210,3 +210,15 @@ def test_optimizer_offload_trains_the_same_weights(tmp_path):
     assert worst <= 1e-6, worst
     state = next(iter(offload.optimizer.optimizer.state.values()))
     assert float(state["step"]) == 2 and state["exp_avg"].abs().sum() > 0  # the moments were really updated
+
+
+def test_a_second_trainer_in_the_same_process_may_change_precision(tmp_path):
+    """accelerate keeps mixed precision in process-wide state; a bf16 run after an fp32 one in the
+    same process failed with "AcceleratorState has already been initialized" (seen in the GPU test
+    group, where an earlier test had built an fp32 trainer)."""
+    first = Trainer(config(tmp_path / "a", "max_steps=1", "precision=fp32"))
+    assert first.accelerator.mixed_precision == "no"
+    second = Trainer(config(tmp_path / "b", "max_steps=1", "precision=bf16"))
+    assert second.accelerator.mixed_precision == "bf16"
+    third = Trainer(config(tmp_path / "c", "max_steps=1", "precision=fp32"))
+    assert third.accelerator.mixed_precision == "no"
