@@ -525,13 +525,80 @@ def test_compiled_decode_step_compiles_once_for_every_batch_and_cache_length():
     compiled = StaticDecoder(m, 0, use_graphs=False, compile=True)
     before = counters["stats"]["unique_graphs"]
     with torch.no_grad():
-        for n, new in [(8, 100), (8, 300), (4, 100), (1, 100), (16, 400)]:
-            prompts = [[1 + (i + j) % 60 for j in range(3 + i % 4)] for i in range(n)]
+        # (rows, new tokens, prompt length, steps): the last case crosses an active-length boundary
+        # (column 128), where the step's mask and keys narrow to another length
+        for n, new, width, steps in [(8, 100, 3, 3), (8, 300, 3, 3), (4, 100, 3, 3), (1, 100, 3, 3), (16, 400, 3, 3), (4, 300, 125, 6)]:
+            prompts = [[1 + (i + j) % 60 for j in range(width + i % 4)] for i in range(n)]
             a, b = plain.start(prompts, new), compiled.start(prompts, new)
             tok = a.prefill_logits.argmax(-1)
-            for _ in range(3):
+            for _ in range(steps):
                 la, lb = a.step(tok), b.step(tok)
                 assert lb.shape == la.shape == (n, 64)
                 assert torch.allclose(la, lb, atol=1e-4), (la - lb).abs().max()
                 tok = la.argmax(-1)
     assert counters["stats"]["unique_graphs"] - before == 1
+
+
+def test_keyed_gumbel_max_draws_the_tempered_distribution_from_each_rows_own_stream():
+    """The compiled CUDA path's seeded sampler (eagerly and compiled on this CPU): the tempered
+    distribution with exact log-probabilities, one stream per (key, count), whatever the batch."""
+    from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max, keyed_gumbel_max
+
+    for draw in (keyed_gumbel_max, _compiled_keyed_gumbel_max()):
+        streams = RowStreams(list(range(4096)), torch.device("cpu"))  # 4096 seeds: 4096 independent draws
+        check_gumbel_max(lambda logits, inv, d=draw, s=streams: d(logits, s.keys, s.counts, inv), "cpu")
+        # the same stream position draws the same token alone or beside others; the next one moves on
+        logits = torch.randn(6, 5000)
+        keys, counts = streams.keys[:6], torch.tensor([0, 3, 3, 9, 0, 1])
+        together, lp = draw(logits, keys, counts, 1.3)
+        alone = [draw(logits[i : i + 1], keys[i : i + 1], counts[i : i + 1], 1.3)[0].item() for i in range(6)]
+        assert together.tolist() == alone
+        assert torch.allclose(lp, (logits * 1.3).log_softmax(-1).gather(1, together[:, None]).squeeze(1), atol=1e-5)
+        draws = torch.stack([draw(logits[:1].expand(64, -1), keys[:1].expand(64), torch.arange(64), 1.0)[0]])
+        assert len(set(draws.flatten().tolist())) > 30  # a row's successive draws are not stuck
+
+
+def test_a_seeded_request_on_the_compiled_static_path_is_the_same_alone_or_in_a_batch(model_path):
+    """The compiled decode path (the CUDA default, compiled here on the CPU) draws seeded rows from
+    device streams; a request must still not depend on its batch companions, and its seed matters."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    target = (PROMPTS[2], SamplingParams(temperature=1.0, max_tokens=12, seed=1234))
+
+    def fresh() -> TransformersGenerator:
+        return TransformersGenerator(model, 0, static_cache=True, compile_decode=True, gather_window_s=0.2)
+
+    from agentrl.generators.sampling import _compiled_keyed_gumbel_max
+
+    used = _compiled_keyed_gumbel_max.cache_info().hits
+    alone = run_all(fresh(), [target])[0]
+    assert _compiled_keyed_gumbel_max.cache_info().hits > used  # drawn from the device streams
+    companions = [(p, SamplingParams(temperature=1.0, max_tokens=20, seed=s)) for s, p in enumerate(PROMPTS)]
+    companions += [(p, SamplingParams(temperature=1.0, max_tokens=5)) for p in PROMPTS]
+    gen = fresh()
+    together = run_all(gen, companions[:3] + [target] + companions[3:])
+    assert gen.stats["batches"] == 1
+    assert together[3].token_ids == alone.token_ids
+    assert together[3].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    other = run_all(fresh(), [(PROMPTS[2], SamplingParams(temperature=1.0, max_tokens=12, seed=4321))])[0]
+    assert other.token_ids != alone.token_ids
+
+
+def test_static_decode_attends_to_the_written_columns_only_and_matches_the_dynamic_cache(model_path):
+    """The static path gives each step the cache's columns up to the next multiple of ACTIVE_STEP
+    (one graph per length on CUDA): greedy decoding across those boundaries, with rows of other
+    prompt lengths, must match the dynamic cache token for token."""
+    from agentrl.generators.static_decode import ACTIVE_STEP, StaticDecoder
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    prompts = [[1 + (3 * i + j) % 60 for j in range(20 + 37 * i)] for i in range(4)]  # 20-131 tokens
+    params = SamplingParams(temperature=0, max_tokens=2 * ACTIVE_STEP + 20)
+    static = TransformersGenerator(model, 0, static_cache=True, gather_window_s=0.2)
+    assert isinstance(static.static, StaticDecoder)
+    a = run_all(static, [(p, params) for p in prompts])
+    b = run_all(TransformersGenerator(model, 0, static_cache=False, gather_window_s=0.2), [(p, params) for p in prompts])
+    assert [len(x.token_ids) for x in a] == [params.max_tokens] * 4
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+    slot = next(iter(static.static._slots.values()))
+    assert sorted(slot.active) == [256, 384, 512]  # the longest prompt ends past column 128, its last token before 512

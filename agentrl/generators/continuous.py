@@ -15,7 +15,7 @@ import torch
 
 from agentrl.generators.base import FinishReason, Generation
 from agentrl.generators.decode_steps import EarlyStops, HostCopy, record
-from agentrl.generators.sampling import sample_next
+from agentrl.generators.sampling import RowStreams, sample_next
 
 if TYPE_CHECKING:
     from agentrl.generators.transformers import TransformersGenerator, _Request
@@ -50,13 +50,17 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
     results: dict[int, Generation] = {}
     early = EarlyStops(params, stops, gen.device)
     fused = gen.static.compiled  # the compiled step's decoder draws with the compiled sampler too
+    # seeded rows' streams on the device (the compiled sampler's): no host call per row and step
+    streams = RowStreams([r.sampling.seed for r in reqs] + [0] * (rows - n), gen.device) if fused else None
     to_host = HostCopy(rows, gen.device)
     logits = run.prefill_logits
     since_admit = 0
     least = max(1, rows // 8)
     while True:
-        tok, lp = sample_next(early.apply(logits), params, gens, fused=fused)
+        tok, lp = sample_next(early.apply(logits), params, gens, fused=fused, streams=streams)
         early.advance()
+        if streams is not None:
+            streams.advance()
         to_host.start(tok, lp)
         logits = run.step(tok)  # speculative: runs while the host looks at tok
         gen.stats["forward_passes"] += 1
@@ -107,6 +111,8 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
                 stops[j] = set(req.sampling.stop_token_ids)
                 tokens[j], logprobs[j] = [], []
             early.restart(at, [r.sampling for r in joined], [stops[j] for j in at])
+            if streams is not None:
+                streams.restart(at, [r.sampling.seed for r in joined])
         elif idle:
             break
     return [results[id(r)] for r in reqs]

@@ -24,7 +24,7 @@ runs eagerly, which is how its equivalence with the dynamic path is tested on CP
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,6 +46,9 @@ def grouped_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     B, H, q, D = query.shape
+    if attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[-1] < key.shape[2]:
+        # a decode step's mask covers only the cache's active columns (StaticDecoder.active_length)
+        key, value = key[:, :, : attention_mask.shape[-1]], value[:, :, : attention_mask.shape[-1]]
     kv_heads = key.shape[1]
     if q != 1 or kv_heads == H or attention_mask is None or attention_mask.dim() != 4 or kwargs.get("dropout", 0.0):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -108,6 +111,19 @@ def _bucket(n: int, minimum: int) -> int:
     return size
 
 
+ACTIVE_STEP = 128  # a decode step attends to the cache's columns up to the next multiple of this
+
+
+@dataclass(eq=False)
+class _Active:
+    """A decode step over the cache's first ``A`` columns: its mask (refreshed from the slot's
+    full mask at every step, inside the graph), and its graph and output once captured."""
+
+    mask: torch.Tensor  # [B, 1, 1, A]
+    graph: Any = None
+    logits: torch.Tensor | None = None  # the graph's output buffer
+
+
 @dataclass(eq=False)
 class _Slot:
     """Everything with a fixed address for one (batch, cache length) shape."""
@@ -116,8 +132,7 @@ class _Slot:
     ids: torch.Tensor  # [B, 1] next input token
     pos: torch.Tensor  # [B, 1] its position
     mask: torch.Tensor  # [B, 1, 1, L] which cache columns each row attends to
-    graph: Any = None
-    logits: torch.Tensor | None = None  # the graph's output buffer
+    active: dict[int, _Active] = field(default_factory=dict)  # by active length A
 
 
 class StaticDecoder:
@@ -139,6 +154,12 @@ class StaticDecoder:
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.x
         self._gqa_ready = _register_gqa_decode()
+        # Attention reads every column it is given, and the cache is sized for the longest row's last
+        # token: at 256 rows x 768 columns the SDPA kernel was half the replayed step (71 us of 145
+        # per layer, H100). A decode step is therefore given only the columns written so far (up to
+        # the next multiple of ACTIVE_STEP), one graph per such length; this needs our own attention
+        # function (GQA_DECODE), which narrows the keys to the mask, so only models on SDPA slice.
+        self._slices = self._gqa_ready and getattr(model.config, "_attn_implementation", None) == "sdpa"
         # torch.compile for the one-token step only (prefill widths vary): inductor fuses the
         # ~20 small kernels per layer (RMSNorm in float32, rotary, SiLU * up, residual adds) that
         # leave even a graph-replayed step launch-bound. Compiled once, on first use, with dynamic
@@ -202,7 +223,7 @@ class StaticDecoder:
         n = len(prompts)
         width = max(len(p) for p in prompts)
         batch = _bucket(n, 1 if self._compiled is None else 2)
-        length = -(-(width + max_new_tokens) // 256) * 256  # multiples of 256: attention reads all of it
+        length = -(-(width + max_new_tokens) // 256) * 256  # multiples of 256: each new length is a new cache and graphs
         slot = self._slot(batch, length)
         return StaticBatch(self, slot, prompts, width)
 
@@ -228,26 +249,46 @@ class StaticDecoder:
                 config._attn_implementation = original
         return out.logits[:, -1]
 
+    def active_length(self, slot: _Slot, column: int) -> int:
+        """How many cache columns a step writing ``column`` attends to: every column up to it,
+        rounded up to a multiple of ``ACTIVE_STEP`` (the cache's whole length where slicing is off)."""
+        length = slot.mask.shape[-1]
+        return min(length, (column // ACTIVE_STEP + 1) * ACTIVE_STEP) if self._slices else length
+
+    def _active(self, slot: _Slot, column: int) -> _Active:
+        size = self.active_length(slot, column)
+        if size not in slot.active:
+            whole = size == slot.mask.shape[-1]
+            slot.active[size] = _Active(mask=slot.mask if whole else slot.mask.new_zeros(slot.mask.shape[:-1] + (size,)))
+        return slot.active[size]
+
+    def _step(self, slot: _Slot, active: _Active) -> torch.Tensor:
+        """The step itself (what a graph records): the active columns' mask, then the forward."""
+        if active.mask is not slot.mask:
+            active.mask.copy_(slot.mask[..., : active.mask.shape[-1]])
+        return self.forward(slot, slot.ids, slot.pos, active.mask)
+
     def decode_step(self, slot: _Slot, column: int) -> torch.Tensor:
         """Run one token step for every row; the step writes cache column ``column``."""
+        active = self._active(slot, column)
         if not self.use_graphs:
             self.stats["eager_steps"] += 1
-            return self.forward(slot, slot.ids, slot.pos, slot.mask)
-        if slot.graph is None:
-            self._capture(slot, column)
-        slot.graph.replay()
+            return self._step(slot, active)
+        if active.graph is None:
+            self._capture(slot, active, column)
+        active.graph.replay()
         self.stats["graph_replays"] += 1
-        assert slot.logits is not None
-        return slot.logits
+        assert active.logits is not None
+        return active.logits
 
-    def _capture(self, slot: _Slot, column: int) -> None:
+    def _capture(self, slot: _Slot, active: _Active, column: int) -> None:
         """Warm up on a side stream, then record the step; writes past ``column`` are overwritten later."""
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):
                 self._set_length(slot, column)
-                self.forward(slot, slot.ids, slot.pos, slot.mask)
+                self._step(slot, active)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self._set_length(slot, column)
         graph = torch.cuda.CUDAGraph()
@@ -267,11 +308,11 @@ class StaticDecoder:
         with torch.cuda.stream(torch.cuda.Stream(self.device)):
             graph.capture_begin(self._pool, capture_error_mode="thread_local")
             try:
-                slot.logits = self.forward(slot, slot.ids, slot.pos, slot.mask)
+                active.logits = self._step(slot, active)
             finally:
                 graph.capture_end()
         self._set_length(slot, column)  # capture records the counter's increment without running it
-        slot.graph = graph
+        active.graph = graph
         self.stats["graphs_captured"] += 1
 
 
