@@ -1,6 +1,7 @@
 """Where a decode step's time goes on CUDA: graph replay alone, sampling alone, the whole generator.
 
     python benchmarks/profile_decode.py --model <folder> [--batch 64 --tokens 256]
+    python benchmarks/profile_decode.py --model <folder> --batch 256 --tokens 512 --prompt 100 --trainer-like
 
 Prints milliseconds per token step for each part, so changes to the generator can be predicted
 and then checked (see benchmarks/RESULTS.md, "GPU log").
@@ -42,10 +43,15 @@ def main() -> None:
     ap.add_argument("--no-dynamic", action="store_true", help="skip the dynamic-cache generator run")
     ap.add_argument("--generator-only", action="store_true", help="skip the replay and sampler timings; time the compiled generator only")
     ap.add_argument("--per-rollout", action="store_true", help="end a rollout after each run as the trainer does (static caches and graphs freed, so recaptured)")
+    ap.add_argument("--trainer-like", action="store_true", help="the generator as the trainer builds it (fp32 master, bf16 copy, "
+                    "compiled step, seeded requests): each rollout's phases, the replay per active length, a kernel table")
+    ap.add_argument("--unseeded", action="store_true", help="--trainer-like without per-request seeds")
     args = ap.parse_args()
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
     B, N = args.batch, args.tokens
     prompts = [[(13 * i + j) % 1000 + 10 for j in range(args.prompt)] for i in range(B)]
+    if args.trainer_like:
+        return trainer_like(args.model, prompts, N, seeded=not args.unseeded)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
 
     for compiled in [] if args.generator_only else [False, True] if args.compile else [False]:
         dec = StaticDecoder(model, 0, compile=compiled)
@@ -103,6 +109,74 @@ def main() -> None:
         elapsed = anyio.run(run)
         anyio.run(gen.close)
         print(f"{label}: {elapsed:.2f} s for {B}x{N} = {elapsed / N * 1000:.2f} ms/step, batches {gen.stats['batch_sizes'][-3:]}")
+
+
+def trainer_like(path: str, prompts: list[list[int]], N: int, seeded: bool) -> None:
+    """Rollouts as the trainer runs them, each phase timed with a device sync around it."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.generators import static_decode as sd
+    from agentrl.generators.base import SamplingParams
+    from agentrl.generators.transformers import TransformersGenerator
+
+    phases: dict[str, float] = {}
+
+    def timed_phase(name, fn):
+        def wrap(*a, **k):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            torch.cuda.synchronize()
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
+            return out
+        return wrap
+
+    sd.StaticDecoder._capture = timed_phase("capture", sd.StaticDecoder._capture)
+    sd.StaticBatch.__init__ = timed_phase("prefill", sd.StaticBatch.__init__)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    gen = TransformersGenerator(model, 0, static_cache=True, compile_decode=True, weights_dtype=torch.bfloat16, gather_window_s=0.05)
+    B, P = len(prompts), len(prompts[0])
+    base = SamplingParams(temperature=1.0, max_tokens=N, min_tokens=N, stop_token_ids=[1, 2])
+    params = [base.model_copy(update={"seed": 1000 + i}) if seeded else base for i in range(B)]
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            for p, sp in zip(prompts, params):
+                tg.start_soon(gen.generate, p, sp)
+
+    for i, end in enumerate([True, True, True, False, False]):
+        phases.clear()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        gen.begin_rollout()
+        anyio.run(run)
+        torch.cuda.synchronize()
+        took = time.perf_counter() - t
+        if end:
+            gen.end_rollout()
+        batch = gen.stats["trace"][-1]
+        print(json.dumps({"rollout": i, "end_rollout_after": end, "seconds": round(took, 3), "batch_s": round(batch["end"] - batch["start"], 3),
+                          **{k: round(v, 3) for k, v in phases.items()}, "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}), flush=True)
+    print("static decoder", gen.static.stats, flush=True)
+    dec = gen.static
+    length = -(-(P + N + 1) // 256) * 256
+    with torch.inference_mode():
+        slot = dec._slot(B, length)
+        sd.StaticBatch(dec, slot, prompts, P)
+        for column in range(P, P + N, 128):
+            active = dec._active(slot, column)
+            dec.decode_step(slot, column)
+            replay = timed(active.graph.replay, 100)
+            print(f"replayed step at column {column} ({active.mask.shape[-1]} of {length} columns): {replay:.3f} ms", flush=True)
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                active.graph.replay()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=70))
 
 
 if __name__ == "__main__":
