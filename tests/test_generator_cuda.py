@@ -186,3 +186,55 @@ def test_continuous_batching_through_the_compiled_graph_matches_decoding_alone()
     assert gen.stats["admitted"] == 1 and gen.stats["batches"] == 1 and order == ["short", "then", "long"]
     assert late.token_ids == alone.token_ids
     assert len(long.token_ids) == 400
+
+
+def test_the_keyed_sampler_on_cuda_draws_the_tempered_distribution_and_matches_the_cpu():
+    """Seeded rows on the compiled path draw from integer-hash streams: the tempered distribution
+    with exact log-probabilities on the GPU too, and the same uniforms as on the CPU."""
+    from test_generator_transformers import check_gumbel_max
+
+    from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max
+
+    streams = RowStreams(list(range(4096)), torch.device("cuda"))
+    draw = _compiled_keyed_gumbel_max()
+    check_gumbel_max(lambda logits, inv_t: draw(logits, streams.keys, streams.counts, inv_t), "cuda")
+    logits = torch.randn(64, 4096)
+    keys, counts = RowStreams(list(range(64)), torch.device("cpu")).keys, torch.arange(64)
+    on_cpu, _ = draw(logits, keys, counts, 1.0)
+    on_gpu, _ = draw(logits.cuda(), keys.cuda(), counts.cuda(), 1.0)
+    assert (on_cpu == on_gpu.cpu()).float().mean() > 0.95  # the same noise; float rounding may flip a near tie
+
+
+def test_a_captured_step_that_samples_inside_itself_draws_what_the_host_sampler_draws():
+    """The whole token step as one graph (forward, min_tokens, keyed draw, next input): the same tokens
+    as the host-side sampler over the same streams, across several active-length graphs, and the
+    warm-up runs before each capture must not move the batch on."""
+    m = model().to(torch.bfloat16)
+    prompts = [[(7 * i + j) % 500 + 1 for j in range(3 + (5 * i) % 40)] for i in range(20)]
+    stops = [1, 2, 3, 4, 5, 6, 7, 8]
+    params = [SamplingParams(temperature=0.9, max_tokens=300, min_tokens=150, stop_token_ids=stops, seed=i) for i in range(20)]
+
+    def run(in_step: bool):
+        gen = TransformersGenerator(m, 0, static_cache=True, compile_decode=True, gather_window_s=0.2, sample_in_step=in_step)
+
+        async def main() -> list:
+            out: list = [None] * len(prompts)
+
+            async def one(i: int) -> None:
+                out[i] = await gen.generate(prompts[i], params[i])
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            await gen.close()
+            return out
+
+        return anyio.run(main), gen
+
+    (inside, a), (outside, b) = run(True), run(False)
+    assert a.stats["sampled_in_step"] == 1 and b.stats["sampled_in_step"] == 0
+    assert a.static.stats["graphs_captured"] >= 3  # columns 3-342: three active lengths at least
+    same = sum(x.token_ids == y.token_ids for x, y in zip(inside, outside))
+    assert same >= 18, same  # bf16: a near tie may flip between two kernels' roundings
+    for x in inside:
+        assert not set(x.token_ids[:150]) & set(stops) and torch.isfinite(torch.tensor(x.logprobs)).all()

@@ -601,4 +601,29 @@ def test_static_decode_attends_to_the_written_columns_only_and_matches_the_dynam
         assert x.token_ids == y.token_ids
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
     slot = next(iter(static.static._slots.values()))
-    assert sorted(slot.active) == [256, 384, 512]  # the longest prompt ends past column 128, its last token before 512
+    assert sorted(size for size, _ in slot.active) == [256, 384, 512]  # the longest prompt ends past column 128, its last token before 512
+
+
+def test_a_step_that_samples_inside_itself_draws_what_the_host_sampler_draws(model_path):
+    """The compiled static path (the CUDA default; compiled on this CPU, where the "graph" is the same
+    step run eagerly) samples inside the step: the stream draws, min_tokens holding back up to
+    STOP_WIDTH stop ids, the next token fed to the next step. It must draw what the host-side
+    sampler draws from the same streams, token for token, and never stop before min_tokens."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    stops = [1, 2, 3, 4, 5, 6]  # a tenth of the tiny vocabulary: sampled early unless held back
+    requests = [
+        (p, SamplingParams(temperature=0.8, max_tokens=24, min_tokens=12 if i % 2 else 0, stop_token_ids=stops, seed=70 + i))
+        for i, p in enumerate(PROMPTS * 2)
+    ]
+
+    def run(in_step: bool) -> tuple[list[Generation], TransformersGenerator]:
+        gen = TransformersGenerator(model, 0, static_cache=True, compile_decode=True, gather_window_s=0.2, sample_in_step=in_step)
+        return run_all(gen, requests), gen
+
+    (inside, a), (outside, b) = run(True), run(False)
+    assert a.stats["sampled_in_step"] == 1 and b.stats["sampled_in_step"] == 0 and a.stats["batches"] == 1
+    for x, y, (_, sp) in zip(inside, outside, requests):
+        assert x.token_ids == y.token_ids and x.finish_reason == y.finish_reason
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+        assert not set(x.token_ids[: sp.min_tokens]) & set(stops)
+    assert any(x.finish_reason == "stop" for x in inside)  # the stops are reachable, so min_tokens did hold them

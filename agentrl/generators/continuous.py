@@ -15,7 +15,8 @@ import torch
 
 from agentrl.generators.base import FinishReason, Generation
 from agentrl.generators.decode_steps import EarlyStops, HostCopy, record
-from agentrl.generators.sampling import RowStreams, sample_next
+from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max, one_setting, sample_next
+from agentrl.generators.static_decode import STOP_WIDTH
 
 if TYPE_CHECKING:
     from agentrl.generators.transformers import TransformersGenerator, _Request
@@ -56,13 +57,27 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
     logits = run.prefill_logits
     since_admit = 0
     least = max(1, rows // 8)
+    # The whole token step in one graph: with one tempered setting for the batch and no requests
+    # joining it, each step draws every row's next token itself (keyed streams, stop ids held
+    # back below min_tokens) and feeds it to the next step; the host only reads tokens back.
+    temperature = one_setting(params) if fused and not gen.continuous and gen.sample_in_step else None
+    in_step = temperature is not None and streams is not None and early.width <= STOP_WIDTH
+    if in_step:
+        assert streams is not None
+        tok, lp = _compiled_keyed_gumbel_max()(early.apply(logits), streams.keys[:n], streams.counts[:n], 1.0 / temperature)
+        run.sample_in_steps(tok, streams.keys, early.ids, early.minimum, temperature)
+        gen.stats["sampled_in_step"] += 1
     while True:
-        tok, lp = sample_next(early.apply(logits), params, gens, fused=fused, streams=streams)
-        early.advance()
-        if streams is not None:
-            streams.advance()
-        to_host.start(tok, lp)
-        logits = run.step(tok)  # speculative: runs while the host looks at tok
+        if in_step:
+            to_host.start(tok, lp)
+            tok, lp = run.advance()  # speculative: runs while the host looks at the tokens before
+        else:
+            tok, lp = sample_next(early.apply(logits), params, gens, fused=fused, streams=streams)
+            early.advance()
+            if streams is not None:
+                streams.advance()
+            to_host.start(tok, lp)
+            logits = run.step(tok)  # speculative: runs while the host looks at tok
         gen.stats["forward_passes"] += 1
         before = [f is None for f in finish]
         record(owner, list(range(len(owner))), *to_host.wait(), tokens, logprobs, finish, stops)

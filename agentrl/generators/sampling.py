@@ -119,6 +119,19 @@ def gumbel_max(logits: torch.Tensor, inverse_temperature: float) -> tuple[torch.
     return choice, x.gather(1, choice[:, None]).squeeze(1) - x.logsumexp(-1)
 
 
+def one_setting(params: list[SamplingParams]) -> float | None:
+    """The temperature, when every row samples at the same one (> 0) with no top-k/top-p/min-p
+    filter: what the compiled samplers draw (seeds aside); else None."""
+    first = params[0]
+    if first.temperature <= 0 or first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
+        return None
+    same = all(
+        p.temperature == first.temperature and p.top_k == first.top_k and p.top_p == first.top_p and p.min_p == first.min_p
+        for p in params
+    )
+    return first.temperature if same else None
+
+
 _M32 = 0xFFFFFFFF
 
 
@@ -133,7 +146,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def keyed_gumbel_max(
-    logits: torch.Tensor, keys: torch.Tensor, counts: torch.Tensor, inverse_temperature: float
+    logits: torch.Tensor, keys: torch.Tensor, counts: torch.Tensor, inverse_temperature: float | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`gumbel_max` whose noise is a hash of (row key, row count, token id): ``(tokens, logprobs)``.
 
@@ -192,7 +205,9 @@ class RowStreams:
 
 @functools.cache
 def _compiled_keyed_gumbel_max() -> Any:
-    """``keyed_gumbel_max`` under ``torch.compile`` (dynamic rows), compiled once per process on first use."""
+    """``keyed_gumbel_max`` under ``torch.compile`` (dynamic rows), compiled once per process on first use.
+    A static decode step that samples inside itself (a CUDA graph) passes the inverse temperature
+    as a tensor, so a new temperature is new data for the captured graph, not a new graph."""
     return torch.compile(keyed_gumbel_max, dynamic=True)
 
 

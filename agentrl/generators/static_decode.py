@@ -27,6 +27,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import math
+
 import torch
 
 __all__ = ["StaticBatch", "StaticDecoder"]
@@ -112,6 +114,31 @@ def _bucket(n: int, minimum: int) -> int:
 
 
 ACTIVE_STEP = 128  # a decode step attends to the cache's columns up to the next multiple of this
+STOP_WIDTH = 8  # stop ids per row a step that samples inside itself can hold back (min_tokens)
+
+
+@dataclass(eq=False)
+class _Draw:
+    """What a step that samples its own next token reads and writes, at fixed addresses (one per
+    slot): the batch's inverse temperature, each row's stream key (``sampling.RowStreams``), how
+    many tokens it has been given, its stop ids held back below its minimum, the next mask column,
+    and the step's output."""
+
+    inv_t: torch.Tensor  # [1] float32
+    keys: torch.Tensor  # [B] int64
+    count: torch.Tensor  # [B] int64
+    stop_ids: torch.Tensor  # [B, STOP_WIDTH] int64
+    minimum: torch.Tensor  # [B] int64
+    column: torch.Tensor  # [1] int64: the column the next step writes
+    tok: torch.Tensor  # [B] int64
+    lp: torch.Tensor  # [B] float32
+
+    @staticmethod
+    def empty(rows: int, device: torch.device) -> _Draw:
+        def z(*shape: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return _Draw(z(1, dtype=torch.float32), z(rows), z(rows), z(rows, STOP_WIDTH), z(rows), z(1), z(rows), z(rows, dtype=torch.float32))
 
 
 @dataclass(eq=False)
@@ -120,6 +147,7 @@ class _Active:
     full mask at every step, inside the graph), and its graph and output once captured."""
 
     mask: torch.Tensor  # [B, 1, 1, A]
+    sampled: bool = False  # the step samples its next token itself (StaticBatch.advance)
     graph: Any = None
     logits: torch.Tensor | None = None  # the graph's output buffer
 
@@ -132,7 +160,8 @@ class _Slot:
     ids: torch.Tensor  # [B, 1] next input token
     pos: torch.Tensor  # [B, 1] its position
     mask: torch.Tensor  # [B, 1, 1, L] which cache columns each row attends to
-    active: dict[int, _Active] = field(default_factory=dict)  # by active length A
+    active: dict[tuple[int, bool], _Active] = field(default_factory=dict)  # by (active length A, sampled)
+    draw: _Draw | None = None
 
 
 class StaticDecoder:
@@ -255,22 +284,41 @@ class StaticDecoder:
         length = slot.mask.shape[-1]
         return min(length, (column // ACTIVE_STEP + 1) * ACTIVE_STEP) if self._slices else length
 
-    def _active(self, slot: _Slot, column: int) -> _Active:
+    def _active(self, slot: _Slot, column: int, sampled: bool = False) -> _Active:
         size = self.active_length(slot, column)
-        if size not in slot.active:
+        if (size, sampled) not in slot.active:
             whole = size == slot.mask.shape[-1]
-            slot.active[size] = _Active(mask=slot.mask if whole else slot.mask.new_zeros(slot.mask.shape[:-1] + (size,)))
-        return slot.active[size]
+            mask = slot.mask if whole else slot.mask.new_zeros(slot.mask.shape[:-1] + (size,))
+            slot.active[size, sampled] = _Active(mask=mask, sampled=sampled)
+        return slot.active[size, sampled]
 
     def _step(self, slot: _Slot, active: _Active) -> torch.Tensor:
-        """The step itself (what a graph records): the active columns' mask, then the forward."""
+        """The step itself (what a graph records): the active columns' mask, then the forward, and
+        for a sampled step the draw and everything the next step reads."""
         if active.mask is not slot.mask:
             active.mask.copy_(slot.mask[..., : active.mask.shape[-1]])
-        return self.forward(slot, slot.ids, slot.pos, active.mask)
+        logits = self.forward(slot, slot.ids, slot.pos, active.mask)
+        if active.sampled:
+            from agentrl.generators.sampling import _compiled_keyed_gumbel_max
 
-    def decode_step(self, slot: _Slot, column: int) -> torch.Tensor:
-        """Run one token step for every row; the step writes cache column ``column``."""
-        active = self._active(slot, column)
+            d = slot.draw
+            assert d is not None
+            early = (d.count < d.minimum)[:, None]
+            logits.scatter_(1, d.stop_ids, logits.gather(1, d.stop_ids).masked_fill(early, -math.inf))
+            tok, lp = _compiled_keyed_gumbel_max()(logits, d.keys, d.count, d.inv_t)
+            d.tok.copy_(tok)
+            d.lp.copy_(lp)
+            slot.ids[:, 0].copy_(tok)
+            slot.pos.add_(1)
+            d.count.add_(1)
+            slot.mask.index_fill_(3, d.column.clamp(max=slot.mask.shape[-1] - 1), True)
+            d.column.add_(1)
+        return logits
+
+    def decode_step(self, slot: _Slot, column: int, sampled: bool = False) -> torch.Tensor:
+        """Run one token step for every row; the step writes cache column ``column``. A sampled step
+        (``StaticBatch.advance``) also draws each row's next token and feeds it to the next step."""
+        active = self._active(slot, column, sampled)
         if not self.use_graphs:
             self.stats["eager_steps"] += 1
             return self._step(slot, active)
@@ -281,8 +329,17 @@ class StaticDecoder:
         assert active.logits is not None
         return active.logits
 
+    @staticmethod
+    def _moving(slot: _Slot) -> list[torch.Tensor]:
+        """What a sampled step writes besides the cache column it fills."""
+        assert slot.draw is not None
+        return [slot.ids, slot.pos, slot.mask, slot.draw.count, slot.draw.column]
+
     def _capture(self, slot: _Slot, active: _Active, column: int) -> None:
         """Warm up on a side stream, then record the step; writes past ``column`` are overwritten later."""
+        # a sampled step moves its inputs on (next token, positions, counts, mask column): the
+        # warm-up runs must leave them as they were; the capture only records
+        saved = [t.clone() for t in self._moving(slot)] if active.sampled else []
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -290,6 +347,8 @@ class StaticDecoder:
                 self._set_length(slot, column)
                 self._step(slot, active)
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        for t, before in zip(self._moving(slot), saved):
+            t.copy_(before)
         self._set_length(slot, column)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
@@ -366,6 +425,40 @@ class StaticBatch:
         self.column += 1
         self._logits = logits
         return logits[: self.n]
+
+    def sample_in_steps(self, tokens: torch.Tensor, keys: torch.Tensor, stop_ids: torch.Tensor, minimum: torch.Tensor, temperature: float) -> None:
+        """Feed the first sampled tokens (``[n]``); from here on each step (``advance``) draws every
+        row's next token itself (``sampling.keyed_gumbel_max`` with ``keys``), holding back each
+        row's ``stop_ids`` (``[n, <= STOP_WIDTH]``) while it has fewer than ``minimum`` tokens, so a
+        captured graph is the whole token step and the host only reads the tokens back."""
+        slot, n = self.slot, self.n
+        if slot.draw is None:
+            slot.draw = _Draw.empty(self.rows, self.decoder.device)
+        d = slot.draw
+        slot.ids[:n, 0].copy_(tokens)
+        slot.mask[:, 0, 0, self.column] = True
+        d.inv_t.fill_(1.0 / temperature)
+        d.keys.zero_()
+        d.keys[:n] = keys[:n]
+        d.count.fill_(1)  # each row was given its first token
+        width = stop_ids.shape[1]
+        d.stop_ids.zero_()
+        d.stop_ids[:n] = stop_ids[:n, :1]  # padding repeats a row's first stop id
+        d.stop_ids[:n, :width] = stop_ids[:n]
+        d.minimum.zero_()
+        d.minimum[:n] = minimum[:n]
+        d.column.fill_(self.column + 1)
+
+    def advance(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step that samples its own next token (after ``sample_in_steps``): ``(tokens,
+        logprobs)`` of every row's next token, ``[n]`` each (views of buffers the next step rewrites)."""
+        if self.column >= self.slot.mask.shape[-1]:
+            raise RuntimeError(f"static cache of {self.slot.mask.shape[-1]} columns is full")
+        d = self.slot.draw
+        assert d is not None, "sample_in_steps first"
+        self.decoder.decode_step(self.slot, self.column, sampled=True)
+        self.column += 1
+        return d.tok[: self.n], d.lp[: self.n]
 
     def admit(self, rows: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Start ``prompts`` in ``rows`` (rows whose request is done) after a ``step``; return the

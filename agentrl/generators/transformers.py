@@ -98,6 +98,9 @@ class TransformersGenerator:
     decodes (rollouts ahead); process-global switches are then set once, never per batch.
     ``continuous`` (static cache only): a queued request may take over the row of a finished one
     while a batch runs (``agentrl/generators/continuous.py``), checked every ``admit_every`` steps.
+    ``sample_in_step`` (compiled static decoding): a batch with one tempered setting and no
+    filters draws its tokens inside the captured step (``StaticBatch.advance``); off, the host
+    launches the sampler after each step (the same draws; kept to compare the two).
     ``host_rollouts``: whether ``run_rollouts`` serves the batches on the calling thread
     (``run_hosted``) rather than on a model thread of its own; default (None): on CPU only, where
     a second thread doing torch work costs every op a kernel wake-up.
@@ -118,6 +121,7 @@ class TransformersGenerator:
         host_rollouts: bool | None = None,
         continuous: bool = False,
         admit_every: int = 16,
+        sample_in_step: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -148,11 +152,13 @@ class TransformersGenerator:
         self._cache_kwarg = "cache" if "cache" in signature else "past_key_values"  # renamed in transformers 5.x
         self.stats: dict[str, Any] = {
             "batches": 0, "forward_passes": 0, "batch_sizes": [], "tokens_generated": 0, "weight_updates": 0, "admitted": 0, "admissions": 0,
+            "sampled_in_step": 0,  # batches whose compiled steps drew their own next tokens
             # the last batches' timeline (start and end on time.monotonic, requests, forward passes):
             # where a rollout's time goes between batches, inside them and to their longest rows
             "trace": deque(maxlen=512),
         }
         self.continuous, self.admit_every = continuous, admit_every
+        self.sample_in_step = sample_in_step
         self._cond = threading.Condition()
         self._pending: deque[_Request] = deque()
         self._weights_lock = threading.Lock()  # held for a whole batch, so weights never change mid-batch
