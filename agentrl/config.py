@@ -46,6 +46,9 @@ class GeneratorSettings(Strict):
     continuous_batching: bool = Field(
         False, description="with cuda_graphs: finished requests are answered at once and queued ones (the next turns of multi-turn episodes) take their rows while the batch runs; off by default until measured faster (docs/performance.md)"
     )
+    sample_in_step: bool = Field(
+        False, description="with compile_decode: the captured step also draws each row's next token (one tempered setting, no filters, no continuous batching); opt-in until run on a GPU (docs/performance.md)"
+    )
     # vllm (colocated)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory vLLM may take")
     max_model_len: int | None = Field(None, ge=16, description="vLLM context length (None: rollout.max_context)")
@@ -60,7 +63,7 @@ class GeneratorSettings(Strict):
     @pydantic.model_validator(mode="after")
     def _knobs_match_backend(self) -> GeneratorSettings:
         owners = {
-            "transformers": {"max_batch_size", "gather_window_s", "cuda_graphs", "compile_decode", "continuous_batching"},
+            "transformers": {"max_batch_size", "gather_window_s", "cuda_graphs", "compile_decode", "continuous_batching", "sample_in_step"},
             "vllm": {"gpu_memory_utilization", "max_model_len", "dtype", "enable_sleep_mode", "enforce_eager"},
             "vllm-server": {"url", "timeout_s", "request_timeout_s"},
         }

@@ -57,10 +57,7 @@ def sample_next(
     """
     n = logits.shape[0]
     first = params[0]
-    uniform = first.temperature > 0 and all(
-        p.temperature == first.temperature and p.top_k == first.top_k and p.top_p == first.top_p and p.min_p == first.min_p
-        for p in params
-    )
+    uniform = first.temperature > 0 and _same_setting(params)
     filtered = first.top_k > 0 or first.top_p < 1 or first.min_p > 0
     unseeded = all(g is None for g in generators)
     if uniform and fused and not filtered:
@@ -125,11 +122,16 @@ def one_setting(params: list[SamplingParams]) -> float | None:
     first = params[0]
     if first.temperature <= 0 or first.top_k > 0 or first.top_p < 1 or first.min_p > 0:
         return None
-    same = all(
+    return first.temperature if _same_setting(params) else None
+
+
+def _same_setting(params: list[SamplingParams]) -> bool:
+    """Whether every row has the first row's temperature and filters."""
+    first = params[0]
+    return all(
         p.temperature == first.temperature and p.top_k == first.top_k and p.top_p == first.top_p and p.min_p == first.min_p
         for p in params
     )
-    return first.temperature if same else None
 
 
 _M32 = 0xFFFFFFFF

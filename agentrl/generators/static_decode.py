@@ -330,8 +330,10 @@ class StaticDecoder:
         return active.logits
 
     @staticmethod
-    def _moving(slot: _Slot) -> list[torch.Tensor]:
-        """What a sampled step writes besides the cache column it fills."""
+    def _moving(slot: _Slot, active: _Active) -> list[torch.Tensor]:
+        """What a step writes besides the cache column it fills: nothing, unless it samples."""
+        if not active.sampled:
+            return []
         assert slot.draw is not None
         return [slot.ids, slot.pos, slot.mask, slot.draw.count, slot.draw.column]
 
@@ -339,7 +341,7 @@ class StaticDecoder:
         """Warm up on a side stream, then record the step; writes past ``column`` are overwritten later."""
         # a sampled step moves its inputs on (next token, positions, counts, mask column): the
         # warm-up runs must leave them as they were; the capture only records
-        saved = [t.clone() for t in self._moving(slot)] if active.sampled else []
+        saved = [t.clone() for t in self._moving(slot, active)]
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -347,7 +349,7 @@ class StaticDecoder:
                 self._set_length(slot, column)
                 self._step(slot, active)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        for t, before in zip(self._moving(slot), saved):
+        for t, before in zip(self._moving(slot, active), saved, strict=True):
             t.copy_(before)
         self._set_length(slot, column)
         graph = torch.cuda.CUDAGraph()

@@ -99,8 +99,9 @@ class TransformersGenerator:
     ``continuous`` (static cache only): a queued request may take over the row of a finished one
     while a batch runs (``agentrl/generators/continuous.py``), checked every ``admit_every`` steps.
     ``sample_in_step`` (compiled static decoding): a batch with one tempered setting and no
-    filters draws its tokens inside the captured step (``StaticBatch.advance``); off, the host
-    launches the sampler after each step (the same draws; kept to compare the two).
+    filters draws its tokens inside the captured step (``StaticBatch.advance``) instead of the
+    host launching the sampler after each step (the same draws). Off by default until it has run
+    through real CUDA graphs (tested on the CPU, where the step runs eagerly).
     ``host_rollouts``: whether ``run_rollouts`` serves the batches on the calling thread
     (``run_hosted``) rather than on a model thread of its own; default (None): on CPU only, where
     a second thread doing torch work costs every op a kernel wake-up.
@@ -121,7 +122,7 @@ class TransformersGenerator:
         host_rollouts: bool | None = None,
         continuous: bool = False,
         admit_every: int = 16,
-        sample_in_step: bool = True,
+        sample_in_step: bool = False,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
