@@ -54,10 +54,7 @@ class EarlyStops:
         ``logits`` has one row per tracked row (``keep`` follows a shrinking batch)."""
         if not self.active:
             return logits
-        early = (self.count < self.minimum)[:, None]
-        current = logits.gather(1, self.ids)
-        logits.scatter_(1, self.ids, current.masked_fill(early, -math.inf))
-        return logits
+        return hold_back(logits, self.ids, self.count, self.minimum)
 
     def advance(self) -> None:
         """Every row was given one token. Once no row needs masking, counts stop (no kernel per
@@ -84,6 +81,14 @@ class EarlyStops:
         at = torch.tensor(rows, dtype=torch.long, device=self.device)
         self.ids[at], self.minimum[at], self.count[at] = ids.to(self.device), minimum.to(self.device), 0
         self.until = max(self.until, self.steps + int(minimum.max()))
+
+
+def hold_back(logits: torch.Tensor, stop_ids: torch.Tensor, count: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """Set each row's ``stop_ids`` to -inf in ``logits`` (in place) while its ``count`` of tokens is
+    below its ``minimum``; device ops only, so a captured step can run it too. Returns ``logits``."""
+    early = (count < minimum)[:, None]
+    logits.scatter_(1, stop_ids, logits.gather(1, stop_ids).masked_fill(early, -math.inf))
+    return logits
 
 
 def _stop_rows(params: Sequence[SamplingParams], stops: Sequence[set[int]], width: int) -> tuple[torch.Tensor, torch.Tensor]:

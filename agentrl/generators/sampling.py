@@ -196,12 +196,14 @@ class RowStreams:
     """
 
     def __init__(self, seeds: list[int | None], device: torch.device) -> None:
-        self.keys = torch.tensor([self._key(s) for s in seeds], dtype=torch.long, device=device)
+        self.keys = torch.tensor(self._keys(seeds), dtype=torch.long, device=device)
         self.counts = torch.zeros(len(seeds), dtype=torch.long, device=device)
 
     @staticmethod
-    def _key(seed: int | None) -> int:
-        return stream_key(seed) if seed is not None else int(torch.randint(0, 2**62, ()).item())
+    def _keys(seeds: list[int | None]) -> list[int]:
+        """Seeded rows' keys from their seeds; the unseeded rows' from one draw of the global generator."""
+        drawn = iter(torch.randint(0, 2**62, (sum(s is None for s in seeds),)).tolist())
+        return [stream_key(s) if s is not None else next(drawn) for s in seeds]
 
     def advance(self) -> None:
         """Every row has drawn one more token."""
@@ -210,7 +212,7 @@ class RowStreams:
     def restart(self, rows: list[int], seeds: list[int | None]) -> None:
         """New requests in ``rows``: their streams start over from their own seeds."""
         at = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
-        self.keys[at] = torch.tensor([self._key(s) for s in seeds], dtype=torch.long, device=self.keys.device)
+        self.keys[at] = torch.tensor(self._keys(seeds), dtype=torch.long, device=self.keys.device)
         self.counts[at] = 0
 
 

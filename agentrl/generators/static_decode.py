@@ -27,8 +27,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-import math
-
 import torch
 
 __all__ = ["StaticBatch", "StaticDecoder"]
@@ -299,13 +297,12 @@ class StaticDecoder:
             active.mask.copy_(slot.mask[..., : active.mask.shape[-1]])
         logits = self.forward(slot, slot.ids, slot.pos, active.mask)
         if active.sampled:
+            from agentrl.generators.decode_steps import hold_back
             from agentrl.generators.sampling import _compiled_keyed_gumbel_max
 
             d = slot.draw
             assert d is not None
-            early = (d.count < d.minimum)[:, None]
-            logits.scatter_(1, d.stop_ids, logits.gather(1, d.stop_ids).masked_fill(early, -math.inf))
-            tok, lp = _compiled_keyed_gumbel_max()(logits, d.keys, d.count, d.inv_t)
+            tok, lp = _compiled_keyed_gumbel_max()(hold_back(logits, d.stop_ids, d.count, d.minimum), d.keys, d.count, d.inv_t)
             d.tok.copy_(tok)
             d.lp.copy_(lp)
             slot.ids[:, 0].copy_(tok)
