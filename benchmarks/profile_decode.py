@@ -46,11 +46,12 @@ def main() -> None:
     ap.add_argument("--trainer-like", action="store_true", help="the generator as the trainer builds it (fp32 master, bf16 copy, "
                     "compiled step, seeded requests): each rollout's phases, the replay per active length, a kernel table")
     ap.add_argument("--unseeded", action="store_true", help="--trainer-like without per-request seeds")
+    ap.add_argument("--sample-in-step", action="store_true", help="--trainer-like with generator.sample_in_step (the captured step samples)")
     args = ap.parse_args()
     B, N = args.batch, args.tokens
     prompts = [[(13 * i + j) % 1000 + 10 for j in range(args.prompt)] for i in range(B)]
     if args.trainer_like:
-        return trainer_like(args.model, prompts, N, seeded=not args.unseeded)
+        return trainer_like(args.model, prompts, N, seeded=not args.unseeded, in_step=args.sample_in_step)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
 
     for compiled in [] if args.generator_only else [False, True] if args.compile else [False]:
@@ -111,7 +112,7 @@ def main() -> None:
         print(f"{label}: {elapsed:.2f} s for {B}x{N} = {elapsed / N * 1000:.2f} ms/step, batches {gen.stats['batch_sizes'][-3:]}")
 
 
-def trainer_like(path: str, prompts: list[list[int]], N: int, seeded: bool) -> None:
+def trainer_like(path: str, prompts: list[list[int]], N: int, seeded: bool, in_step: bool = False) -> None:
     """Rollouts as the trainer runs them, each phase timed with a device sync around it."""
     import json
 
@@ -136,7 +137,8 @@ def trainer_like(path: str, prompts: list[list[int]], N: int, seeded: bool) -> N
     sd.StaticDecoder._capture = timed_phase("capture", sd.StaticDecoder._capture)
     sd.StaticBatch.__init__ = timed_phase("prefill", sd.StaticBatch.__init__)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
-    gen = TransformersGenerator(model, 0, static_cache=True, compile_decode=True, weights_dtype=torch.bfloat16, gather_window_s=0.05)
+    gen = TransformersGenerator(model, 0, static_cache=True, compile_decode=True, weights_dtype=torch.bfloat16, gather_window_s=0.05,
+                               sample_in_step=in_step)
     B, P = len(prompts), len(prompts[0])
     base = SamplingParams(temperature=1.0, max_tokens=N, min_tokens=N, stop_token_ids=[1, 2])
     params = [base.model_copy(update={"seed": 1000 + i}) if seeded else base for i in range(B)]
