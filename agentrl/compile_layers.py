@@ -22,6 +22,20 @@ from typing import Any
 import torch
 
 
+def allow_compiled_calls_beside_tracing() -> None:
+    """Let a compiled function run on one thread while torch.compile traces on another.
+
+    Why: AOTAutograd's tracing sets FX's "symbolic tracing" flag, a module global, not per thread,
+    and a dynamo-compiled function called while it is set raises "Detected that you are using FX
+    to symbolically trace a dynamo-optimized function" unless this setting is off. With rollouts
+    ahead (``max_staleness`` >= 1) the generator's compiled decode step runs on its own thread
+    while the learner compiles its layers: every episode of a batch failed that way (H200). With
+    the setting off, such a call runs its function eagerly for that moment instead of raising;
+    compiling itself is serialised by dynamo's own lock.
+    """
+    torch._dynamo.config.error_on_nested_fx_trace = False
+
+
 def decoder_layers(model: Any) -> list[torch.nn.Module] | None:
     """The repeated blocks of a transformers causal LM (``get_decoder().layers``), or None."""
     get = getattr(model, "get_decoder", None)

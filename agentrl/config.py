@@ -47,7 +47,7 @@ class GeneratorSettings(Strict):
         False, description="with cuda_graphs: finished requests are answered at once and queued ones (the next turns of multi-turn episodes) take their rows while the batch runs; off by default until measured faster (docs/performance.md)"
     )
     sample_in_step: bool = Field(
-        False, description="with compile_decode: the captured step also draws each row's next token (one tempered setting, no filters, no continuous batching); opt-in until run on a GPU (docs/performance.md)"
+        True, description="with compile_decode: the captured step also draws each row's next token (one tempered setting, no filters, no continuous batching), and its logits are not kept per graph (docs/performance.md)"
     )
     # vllm (colocated)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory vLLM may take")

@@ -41,6 +41,7 @@ from typing import Any
 import anyio
 import torch
 
+from agentrl.compile_layers import allow_compiled_calls_beside_tracing
 from agentrl.generators import Generator, WeightUpdate
 from agentrl.rollout.engine import RolloutEngine
 from agentrl.trajectory import TrajectoryGroup
@@ -101,6 +102,7 @@ class RolloutAhead:
         self._shadow: Any = None  # a clone of the trainer's task source (AheadTasks), drawing ahead
         self._closed = False
         self.last: dict[str, float] = {}
+        allow_compiled_calls_beside_tracing()  # this thread's decode step beside the learner's compiling
         self._thread = threading.Thread(target=self._produce, name="agentrl-rollout-ahead", daemon=True)
         self._thread.start()
 

@@ -46,12 +46,12 @@ def main() -> None:
     ap.add_argument("--trainer-like", action="store_true", help="the generator as the trainer builds it (fp32 master, bf16 copy, "
                     "compiled step, seeded requests): each rollout's phases, the replay per active length, a kernel table")
     ap.add_argument("--unseeded", action="store_true", help="--trainer-like without per-request seeds")
-    ap.add_argument("--sample-in-step", action="store_true", help="--trainer-like with generator.sample_in_step (the captured step samples)")
+    ap.add_argument("--host-sampler", action="store_true", help="--trainer-like with generator.sample_in_step=false (the host launches the sampler after each step)")
     args = ap.parse_args()
     B, N = args.batch, args.tokens
     prompts = [[(13 * i + j) % 1000 + 10 for j in range(args.prompt)] for i in range(B)]
     if args.trainer_like:
-        return trainer_like(args.model, prompts, N, seeded=not args.unseeded, in_step=args.sample_in_step)
+        return trainer_like(args.model, prompts, N, seeded=not args.unseeded, in_step=not args.host_sampler)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16).cuda().eval()
 
     for compiled in [] if args.generator_only else [False, True] if args.compile else [False]:
@@ -112,7 +112,7 @@ def main() -> None:
         print(f"{label}: {elapsed:.2f} s for {B}x{N} = {elapsed / N * 1000:.2f} ms/step, batches {gen.stats['batch_sizes'][-3:]}")
 
 
-def trainer_like(path: str, prompts: list[list[int]], N: int, seeded: bool, in_step: bool = False) -> None:
+def trainer_like(path: str, prompts: list[list[int]], N: int, seeded: bool, in_step: bool = True) -> None:
     """Rollouts as the trainer runs them, each phase timed with a device sync around it."""
     import json
 

@@ -629,18 +629,18 @@ def test_a_step_that_samples_inside_itself_draws_what_the_host_sampler_draws(mod
     assert any(x.finish_reason == "stop" for x in inside)  # the stops are reachable, so min_tokens did hold them
 
 
-def test_sampling_inside_the_step_is_opt_in_from_the_config():
-    """generator.sample_in_step reaches the transformers generator; off by default until it has
-    run through real CUDA graphs (docs/performance.md)."""
+def test_sampling_inside_the_step_is_on_by_default_and_off_from_the_config():
+    """generator.sample_in_step reaches the transformers generator: on by default (it applies only
+    to the compiled static step), ``false`` turns it off, and other backends refuse it by name."""
     from agentrl.config import ConfigError, GeneratorSettings, build, parse_overrides
     from agentrl.generators import build_generator
 
     model = tiny_model(0)
-    assert GeneratorSettings().sample_in_step is False
-    on = build(GeneratorSettings, parse_overrides(["sample_in_step=true"]))
-    gen = build_generator(on, model_path="unused", pad_token_id=0, max_context=None, model=model)
-    assert gen.sample_in_step is True
-    assert build_generator(GeneratorSettings(), model_path="unused", pad_token_id=0, max_context=None, model=model).sample_in_step is False
+    assert GeneratorSettings().sample_in_step is True
+    off = build(GeneratorSettings, parse_overrides(["sample_in_step=false"]))
+    gen = build_generator(off, model_path="unused", pad_token_id=0, max_context=None, model=model)
+    assert gen.sample_in_step is False
+    assert build_generator(GeneratorSettings(), model_path="unused", pad_token_id=0, max_context=None, model=model).sample_in_step is True
     with pytest.raises((ValueError, ConfigError), match="sample_in_step: only for backend=transformers"):
         build(GeneratorSettings, parse_overrides(["backend=vllm-server", "sample_in_step=true"]))
 

@@ -132,3 +132,42 @@ def test_background_failure_stops_the_run_with_a_clear_error(tmp_path):
         trainer.train()
     assert not trainer.ahead._thread.is_alive()
     assert [m["step"] for m in metrics(tmp_path)] == [1]
+
+
+def race_a_compiled_call_with_tracing() -> torch.Tensor:
+    """Call a dynamo-compiled function on this thread while another thread is inside FX tracing
+    (as AOTAutograd is while the learner compiles its layers)."""
+    import threading
+
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    inside, release = threading.Event(), threading.Event()
+
+    def traced(x):
+        inside.set()
+        release.wait(30)
+        return x + 1
+
+    tracer = threading.Thread(target=torch.fx.symbolic_trace, args=(traced,))
+    tracer.start()
+    assert inside.wait(30)
+    try:
+        return compiled(torch.ones(3))
+    finally:
+        release.set()
+        tracer.join()
+
+
+def test_the_generators_compiled_step_survives_the_learner_compiling_on_another_thread(monkeypatch, tmp_path):
+    """With rollouts ahead, the generation copy's compiled decode step runs on its own thread while
+    the learner's first steps compile its layers. FX's tracing flag is one for the process, so that
+    call raised "using FX to symbolically trace a dynamo-optimized function" and every episode of
+    the batch failed (H200, tests/test_generator_cuda.py). Starting rollouts ahead allows it."""
+    from agentrl.compile_layers import allow_compiled_calls_beside_tracing
+
+    monkeypatch.setattr(torch._dynamo.config, "error_on_nested_fx_trace", True)  # torch's default; restored after
+    allow_compiled_calls_beside_tracing()
+    assert torch.equal(race_a_compiled_call_with_tracing(), torch.full((3,), 3.0))
+    # and the trainer's rollouts ahead turn it on
+    monkeypatch.setattr(torch._dynamo.config, "error_on_nested_fx_trace", True)
+    train(tmp_path, "max_steps=1", "max_staleness=1")
+    assert torch.equal(race_a_compiled_call_with_tracing(), torch.full((3,), 3.0))

@@ -147,7 +147,7 @@ class _Active:
     mask: torch.Tensor  # [B, 1, 1, A]
     sampled: bool = False  # the step samples its next token itself (StaticBatch.advance)
     graph: Any = None
-    logits: torch.Tensor | None = None  # the graph's output buffer
+    logits: torch.Tensor | None = None  # the graph's output buffer (None for a sampled step's graph)
 
 
 @dataclass(eq=False)
@@ -312,9 +312,10 @@ class StaticDecoder:
             d.column.add_(1)
         return logits
 
-    def decode_step(self, slot: _Slot, column: int, sampled: bool = False) -> torch.Tensor:
+    def decode_step(self, slot: _Slot, column: int, sampled: bool = False) -> torch.Tensor | None:
         """Run one token step for every row; the step writes cache column ``column``. A sampled step
-        (``StaticBatch.advance``) also draws each row's next token and feeds it to the next step."""
+        (``StaticBatch.advance``) also draws each row's next token and feeds it to the next step;
+        replayed from a graph, it returns None (its logits are not kept)."""
         active = self._active(slot, column, sampled)
         if not self.use_graphs:
             self.stats["eager_steps"] += 1
@@ -323,7 +324,7 @@ class StaticDecoder:
             self._capture(slot, active, column)
         active.graph.replay()
         self.stats["graph_replays"] += 1
-        assert active.logits is not None
+        assert active.logits is not None or active.sampled
         return active.logits
 
     @staticmethod
@@ -366,9 +367,15 @@ class StaticDecoder:
         with torch.cuda.stream(torch.cuda.Stream(self.device)):
             graph.capture_begin(self._pool, capture_error_mode="thread_local")
             try:
-                active.logits = self._step(slot, active)
+                logits = self._step(slot, active)
             finally:
                 graph.capture_end()
+        # A step that samples itself is read through its draw buffers only: its logits ([rows,
+        # vocab] float32, ~155 MB at 256 rows and a 152k vocabulary) go back to the shared pool for
+        # the next capture instead of staying alive once per active length. No graph reads
+        # another's output, and a kept output is read before the next replay, so reuse is safe.
+        active.logits = None if active.sampled else logits
+        del logits
         self._set_length(slot, column)  # capture records the counter's increment without running it
         active.graph = graph
         self.stats["graphs_captured"] += 1
@@ -420,6 +427,7 @@ class StaticBatch:
         slot.ids[: self.n, 0].copy_(tokens)
         slot.mask[:, 0, 0, self.column] = True
         logits = self.decoder.decode_step(slot, self.column)
+        assert logits is not None
         slot.pos.add_(1)
         self.column += 1
         self._logits = logits

@@ -100,8 +100,7 @@ class TransformersGenerator:
     while a batch runs (``agentrl/generators/continuous.py``), checked every ``admit_every`` steps.
     ``sample_in_step`` (compiled static decoding): a batch with one tempered setting and no
     filters draws its tokens inside the captured step (``StaticBatch.advance``) instead of the
-    host launching the sampler after each step (the same draws). Off by default until it has run
-    through real CUDA graphs (tested on the CPU, where the step runs eagerly).
+    host launching the sampler after each step (the same draws), and its graphs keep no logits.
     ``host_rollouts``: whether ``run_rollouts`` serves the batches on the calling thread
     (``run_hosted``) rather than on a model thread of its own; default (None): on CPU only, where
     a second thread doing torch work costs every op a kernel wake-up.
@@ -122,7 +121,7 @@ class TransformersGenerator:
         host_rollouts: bool | None = None,
         continuous: bool = False,
         admit_every: int = 16,
-        sample_in_step: bool = False,
+        sample_in_step: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
