@@ -16,10 +16,20 @@ model) and checkpoints never see them, and the state dict keeps its names.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+
+# One per process: a CUDA graph capture on one thread and torch.compile compiling on another must
+# not overlap. Compiling synchronises the device (autotuning, loading kernels), which CUDA refuses
+# while any stream captures: the learner's first compiled step beside a rollout-ahead generator's
+# capture failed with "operation not permitted when stream is capturing" (H200). The generator
+# holds it around each capture (and the warm-up that compiles its step), the learner through the
+# optimizer step in which its layers compile.
+CAPTURE_LOCK = threading.RLock()
 
 
 def allow_compiled_calls_beside_tracing() -> None:

@@ -19,7 +19,7 @@ import torch
 from accelerate.utils import AutocastKwargs
 
 from agentrl.batch import Batch
-from agentrl.compile_layers import CompiledLayers
+from agentrl.compile_layers import CAPTURE_LOCK, CompiledLayers
 from agentrl.distributed import average_gradients, learner_rows, mean_over_ranks
 from agentrl.logprobs import completion_logprobs
 from agentrl.losses import LossConfig, StepCounts, local_counts, policy_loss
@@ -163,7 +163,8 @@ class Learner:
         if self.compiled is None or self.compiled.proven:
             return self._step(batch, chunk, old, ref, step)
         try:
-            out = self._step(batch, chunk, old, ref, step)
+            with CAPTURE_LOCK:  # compiling must not overlap a generator's graph capture on another thread
+                out = self._step(batch, chunk, old, ref, step)
         except Exception as e:  # noqa: BLE001 - any failure of the first compiled step is retried eagerly, once
             reason = (str(e).strip().splitlines() or [""])[0][:200]
             print(f"compile_learner: the compiled training forward failed ({type(e).__name__}: {reason}); training eagerly", flush=True)

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from agentrl.compile_layers import CAPTURE_LOCK
+
 __all__ = ["StaticBatch", "StaticDecoder"]
 
 
@@ -336,7 +338,12 @@ class StaticDecoder:
         return [slot.ids, slot.pos, slot.mask, slot.draw.count, slot.draw.column]
 
     def _capture(self, slot: _Slot, active: _Active, column: int) -> None:
-        """Warm up on a side stream, then record the step; writes past ``column`` are overwritten later."""
+        """Warm up on a side stream, then record the step; writes past ``column`` are overwritten later.
+        Holds ``CAPTURE_LOCK``: no compiling on another thread while it captures."""
+        with CAPTURE_LOCK:
+            self._capture_locked(slot, active, column)
+
+    def _capture_locked(self, slot: _Slot, active: _Active, column: int) -> None:
         # a sampled step moves its inputs on (next token, positions, counts, mask column): the
         # warm-up runs must leave them as they were; the capture only records
         saved = [t.clone() for t in self._moving(slot, active)]
