@@ -171,7 +171,8 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         "grad_norms": [r.get("grad_norm") for r in rows],
         # the generator's last batches: how much of a rollout's time is the decode loop itself
         "last_batches": [
-            {"s": round(b["end"] - b["start"], 3), "requests": b["requests"], "forward_passes": b["forward_passes"]}
+            {"s": round(b["end"] - b["start"], 3), "requests": b["requests"], "forward_passes": b["forward_passes"],
+             **{k: b[k] for k in ("captures", "capture_s", "wait_s") if k in b}}
             for b in list(getattr(trainer.generator, "stats", {}).get("trace", []))[-3:]
         ],
     }

@@ -160,6 +160,7 @@ def trainer_like(path: str, prompts: list[list[int]], N: int, seeded: bool, in_s
             gen.end_rollout()
         batch = gen.stats["trace"][-1]
         print(json.dumps({"rollout": i, "end_rollout_after": end, "seconds": round(took, 3), "batch_s": round(batch["end"] - batch["start"], 3),
+                          "host_wait_s": batch.get("wait_s"),
                           **{k: round(v, 3) for k, v in phases.items()}, "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}), flush=True)
     print("static decoder", gen.static.stats, flush=True)
     dec = gen.static

@@ -140,6 +140,8 @@ def test_defaults_decode_through_cuda_graphs_and_the_compiled_step():
     greedy = SamplingParams(temperature=0, max_tokens=40)
     fast = generate(gen, prompts, greedy)
     assert gen.static.stats["graph_replays"] >= 40
+    batch = gen.stats["trace"][-1]  # where the batch's time went: captures, and the host waiting on the GPU
+    assert batch["captures"] >= 1 and batch["capture_s"] > 0 and 0 < batch["wait_s"] < batch["end"] - batch["start"]
     plain = generate(TransformersGenerator(m, 0, static_cache=True, gather_window_s=0.2), prompts, greedy)
     same = sum(a.token_ids == b.token_ids for a, b in zip(plain, fast))
     assert same >= len(prompts) - 1, f"only {same}/{len(prompts)} greedy outputs agree"

@@ -595,13 +595,19 @@ def test_static_decode_attends_to_the_written_columns_only_and_matches_the_dynam
     static = TransformersGenerator(model, 0, static_cache=True, gather_window_s=0.2)
     assert isinstance(static.static, StaticDecoder)
     a = run_all(static, [(p, params) for p in prompts])
-    b = run_all(TransformersGenerator(model, 0, static_cache=False, gather_window_s=0.2), [(p, params) for p in prompts])
+    dynamic = TransformersGenerator(model, 0, static_cache=False, gather_window_s=0.2)
+    b = run_all(dynamic, [(p, params) for p in prompts])
     assert [len(x.token_ids) for x in a] == [params.max_tokens] * 4
     for x, y in zip(a, b):
         assert x.token_ids == y.token_ids
         assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
     slot = next(iter(static.static._slots.values()))
     assert sorted(size for size, _ in slot.active) == [256, 384, 512]  # the longest prompt ends past column 128, its last token before 512
+    # the batch's trace entry says where its time went; on the CPU no graph is captured and the
+    # host never waits for a device (the GPU group checks the CUDA side)
+    batch = static.stats["trace"][-1]
+    assert (batch["captures"], batch["capture_s"], batch["wait_s"]) == (0, 0.0, 0.0)
+    assert "wait_s" not in dynamic.stats["trace"][-1] and dynamic.stats["trace"][-1]["requests"] == 4
 
 
 def test_a_step_that_samples_inside_itself_draws_what_the_host_sampler_draws(model_path):

@@ -5,6 +5,7 @@ not wait for work queued after it. Split from ``transformers.py`` (the generator
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -129,6 +130,9 @@ class HostCopy:
 
     def __init__(self, n: int, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        # seconds the host spent blocked on the device's tokens: near the loop's whole time, the
+        # GPU is what a batch waits for; near zero, the host's own work is
+        self.waited_s = 0.0
         if self.cuda:
             self.tok = torch.empty(n, dtype=torch.long, pin_memory=True)
             self.lp = torch.empty(n, dtype=torch.float32, pin_memory=True)
@@ -146,6 +150,8 @@ class HostCopy:
 
     def wait(self) -> tuple[list[int], list[float]]:
         if self.cuda:
+            t = time.perf_counter()
             self.event.synchronize()
+            self.waited_s += time.perf_counter() - t
             return self.tok[: self.rows].tolist(), self.lp[: self.rows].tolist()
         return self._pending

@@ -23,6 +23,7 @@ runs eagerly, which is how its equivalence with the dynamic path is tested on CP
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,7 +199,7 @@ class StaticDecoder:
         # multi-turn run meets new shapes for several steps). Batches are at least two rows, as
         # a batch of one would still specialise.
         self._compiled = torch.compile(model, dynamic=True) if compile else None
-        self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0}
+        self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0, "capture_s": 0.0}
 
     @property
     def compiled(self) -> bool:
@@ -340,8 +341,10 @@ class StaticDecoder:
     def _capture(self, slot: _Slot, active: _Active, column: int) -> None:
         """Warm up on a side stream, then record the step; writes past ``column`` are overwritten later.
         Holds ``CAPTURE_LOCK``: no compiling on another thread while it captures."""
+        start = time.perf_counter()
         with CAPTURE_LOCK:
             self._capture_locked(slot, active, column)
+        self.stats["capture_s"] += time.perf_counter() - start
 
     def _capture_locked(self, slot: _Slot, active: _Active, column: int) -> None:
         # a sampled step moves its inputs on (next token, positions, counts, mask column): the

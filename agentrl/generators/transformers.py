@@ -153,10 +153,13 @@ class TransformersGenerator:
         self.stats: dict[str, Any] = {
             "batches": 0, "forward_passes": 0, "batch_sizes": [], "tokens_generated": 0, "weight_updates": 0, "admitted": 0, "admissions": 0,
             "sampled_in_step": 0,  # batches whose compiled steps drew their own next tokens
-            # the last batches' timeline (start and end on time.monotonic, requests, forward passes):
-            # where a rollout's time goes between batches, inside them and to their longest rows
+            # the last batches' timeline (start and end on time.monotonic, requests, forward passes;
+            # static cache: graphs captured, seconds in captures, seconds the host waited for the
+            # device's tokens): where a rollout's time goes between batches, inside them and to
+            # their longest rows
             "trace": deque(maxlen=512),
         }
+        self.batch_timing: dict[str, float] = {}  # the running batch's part of its trace entry (continuous.py)
         self.continuous, self.admit_every = continuous, admit_every
         self.sample_in_step = sample_in_step
         self._cond = threading.Condition()
@@ -475,6 +478,7 @@ class TransformersGenerator:
         """Decode one batch; a failure fails only these requests, never the worker."""
         interrupted: BaseException | None = None
         start, passes, admitted = time.monotonic(), self.stats["forward_passes"], self.stats["admitted"]
+        self.batch_timing = {}
         try:
             with self._weights_lock, torch.inference_mode(), self._attention_backends():
                 results = self._decode(batch)
@@ -497,6 +501,7 @@ class TransformersGenerator:
         self.stats["trace"].append({
             "start": start, "end": time.monotonic(), "requests": len(batch), "admitted": self.stats["admitted"] - admitted,
             "forward_passes": self.stats["forward_passes"] - passes, "longest_prompt": max(len(r.prompt) for r in batch),
+            **{k: round(v, 4) for k, v in self.batch_timing.items()},
         })
         for req in batch:
             req.resolve()
