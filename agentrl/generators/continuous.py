@@ -132,7 +132,7 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
         elif idle:
             break
     # where this batch's time went (the generator's trace): graphs captured, and the host's time in
-    # captures and blocked on the device's tokens
+    # captures (waiting for CAPTURE_LOCK included) and blocked on the device's tokens
     gen.batch_timing = {
         "captures": gen.static.stats["graphs_captured"] - captured, "capture_s": gen.static.stats["capture_s"] - capture_s,
         "wait_s": to_host.waited_s,
