@@ -91,6 +91,41 @@ def test_a_failing_compile_trains_eagerly_with_one_line(eager, capsys):
         torch.testing.assert_close(weights[name], w, rtol=1e-6, atol=1e-7, msg=name)
 
 
+@pytest.mark.parametrize("stage", ["forward", "backward"])
+def test_a_compile_failing_inside_the_step_retries_it_eagerly(eager, capsys, stage):
+    """The compiler itself fails, in the forward graph's compile or in the backward's (compiled at
+    the first backward, inside the autograd engine, mid checkpoint recompute): that step is taken
+    again eagerly and gives the eager step. On an H200 a CUDA error in the first compiled step was
+    followed by a CheckpointError in the eager retry (benchmarks/RESULTS.md, call 17); this is the
+    CPU half of that path."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(which: str):
+        def compile_graph(gm, example_inputs):
+            if which == stage:
+                raise RuntimeError(f"CUDA error: operation not permitted when stream is capturing ({which})")
+            return gm
+        return compile_graph
+
+    backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    settings = LearnSettings(
+        micro_batch_size=3, num_iterations=2, steps_per_generation=1, temperature=0.9, logprob_chunk_size=7,
+        max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1,
+    )
+    layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+    layers.forwards = [torch.compile(layer.forward, dynamic=True, backend=backend) for layer in layers.layers]
+    learner = Learner(Accelerator(cpu=True), model, opt, sched, Reference(model, "full", 0.0), LossConfig(loss_type="dapo"), settings, layers)
+    metrics = list(learner.learn(build_batch(groups(), pad_id=0), 0))
+    assert capsys.readouterr().out.count("compile_learner: the compiled training forward failed") == 1
+    assert learner.compiled is None
+    assert [m["grad_norm"] for m in metrics] == pytest.approx([m["grad_norm"] for m in eager[0]], rel=1e-6)
+    for name, w in eager[1].items():
+        torch.testing.assert_close(model.get_parameter(name).detach(), w, rtol=1e-6, atol=1e-7, msg=name)
+
+
 def test_a_forward_set_on_the_instance_is_put_back():
     """accelerate's offload hooks replace ``forward`` on the instance: active() must not drop them."""
     model = tiny()
