@@ -26,6 +26,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 DIFFICULTY = [2, 3]  # two or three calculator calls, then the answer: 3-4 assistant turns
 MAX_COMPLETION = 256
+MAX_TURNS = 6  # assistant turns per episode, both sides
+SEED = 0  # agentrl's task order; TRL's side is given the same tasks in the same order
 
 
 def calculator(expression: str):  # type: ignore[no-untyped-def]
@@ -121,12 +123,18 @@ def agentrl_args(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> li
     return [
         # TRL's reward is `correct` alone (trl_setup), so agentrl's is too: the calculator's format and per-turn
         # progress terms off and the episode advantage, the same objective on both sides
-        f"model.path={model}", "env=calculator", f"env_args={{\"difficulty\": {DIFFICULTY}, \"format_weight\": 0, \"progress_weight\": 0}}",
-        "advantage=episode", f"max_steps={steps}",
+        # The calculator's recommended training settings (CalculatorEnv.train_defaults) are the
+        # defaults under these keys; TRL's side has neither, so both are pinned here: the train
+        # split's levels (its default adds one-call tasks the SFT never showed) and no
+        # demonstrations (guidance replaces each group's worst episode and leaves it out of the
+        # reported reward). The task order is the trainer's (seed 0), which trl_setup copies.
+        f"model.path={model}", "env=calculator",
+        f"env_args={{\"difficulty\": {DIFFICULTY}, \"train_difficulty\": {DIFFICULTY}, \"format_weight\": 0, \"progress_weight\": 0}}",
+        "guidance.enabled=false", f"seed={SEED}", "advantage=episode", f"max_steps={steps}",
         f"prompts_per_step={P}", f"num_generations={G}", "micro_batch_size=16", f"learning_rate={lr}",
         "adam_betas=[0.9,0.99]", "weight_decay=0", "max_grad_norm=1.0", "loss.loss_type=dapo", "loss.beta=0",
         "sampling.temperature=1.0", f"rollout.max_tokens_per_turn={MAX_COMPLETION}",
-        f"rollout.max_completion_tokens={MAX_COMPLETION}", "rollout.max_context=1536", "rollout.max_turns=6",
+        f"rollout.max_completion_tokens={MAX_COMPLETION}", "rollout.max_context=1536", f"rollout.max_turns={MAX_TURNS}",
         f"output_dir={tempfile.mkdtemp(prefix='agentrl-mt-')}", f"samples_per_log={8 if os.environ.get('AGENTRL_MT_SAMPLES') else 0}", "save_final=false",
         "logprob_chunk_size=256",
         *(["precision=bf16", "gradient_checkpointing=true"] if torch.cuda.is_available() else ["precision=fp32"]),  # decoder: defaults
@@ -163,12 +171,13 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     return {
         "step_s": step, "gen_s": gen, "train_s": step - gen, "episodes": P * G,
         "learn_s": statistics.median(r["perf/train_s"] for r in later),  # the learner: forward, backward, optimizer
-        "sampled_tokens": statistics.median(r["rollout/tokens/sampled"] for r in later),
-        "turns_mean": statistics.mean(r["rollout/turns/mean"] for r in later),
-        "tool_calls_per_episode": statistics.mean(r["rollout/tools/calls"] for r in later) / (P * G),
-        "well_formed": statistics.mean(r["rollout/tools/well_formed_rate"] for r in later),
-        "final_answer_rate": 1 - statistics.mean(r["rollout/truncated_rate"] for r in later),  # not cut by a limit: it answered
-        "reward": statistics.mean(r["reward/mean"] for r in later),
+        # what the episodes did, over every step as TRL's side reports it (times: after the first step)
+        "sampled_tokens": statistics.mean(r["rollout/tokens/sampled"] for r in rows),
+        "turns_mean": statistics.mean(r["rollout/turns/mean"] for r in rows),
+        "tool_calls_per_episode": statistics.mean(r["rollout/tools/calls"] for r in rows) / (P * G),
+        "well_formed": statistics.mean(r["rollout/tools/well_formed_rate"] for r in rows),
+        "final_answer_rate": 1 - statistics.mean(r["rollout/truncated_rate"] for r in rows),  # not cut by a limit: it answered
+        "reward": statistics.mean(r["reward/mean"] for r in rows),
         "peak_gib": max(max(r.get("perf/peak_gib_train", 0), r.get("perf/peak_gib_rollout", 0)) for r in rows),
         "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
         "calls_per_step": [r.get("rollout/tools/calls") for r in rows],
@@ -187,10 +196,13 @@ def trl_setup(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> tuple
 
     from agentrl.environments.calculator import correct
 
+    from agentrl.train_state import TrainState
+
     env = make_env()
     train = env.dataset("train")
     rows = []
-    for task in train.select(range(min(P * steps, len(train)))):  # TRL cycles through it for longer runs
+    # the tasks agentrl's trainer draws for these steps, in its order (TRL does not shuffle them)
+    for task in TrainState.start(len(train), SEED).next_tasks(train, min(P * steps, len(train))):
         messages, _ = anyio.run(env.reset, dict(task), 0)
         rows.append({"prompt": messages, "answer": task["answer"]})
     stats: dict[str, list[float]] = {"calls": [], "turns": [], "answered": []}
@@ -210,7 +222,8 @@ def trl_setup(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> tuple
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-mt-"), per_device_train_batch_size=16,
         gradient_accumulation_steps=P * G // 16, num_generations=G, max_completion_length=MAX_COMPLETION,
-        max_tool_calling_iterations=6, temperature=1.0, learning_rate=lr, loss_type="dapo", beta=0.0,
+        # TRL's first generation plus one per tool round: MAX_TURNS assistant turns, as agentrl's max_turns
+        max_tool_calling_iterations=MAX_TURNS - 1, temperature=1.0, learning_rate=lr, loss_type="dapo", beta=0.0,
         num_iterations=1, bf16=torch.cuda.is_available(), use_cpu=not torch.cuda.is_available(),
         gradient_checkpointing=torch.cuda.is_available(), max_steps=steps, logging_steps=1, report_to="none",
         save_strategy="no", seed=0, lr_scheduler_type="constant", max_grad_norm=1.0, adam_beta2=0.99, weight_decay=0.0,
