@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -34,8 +35,9 @@ def tiny() -> transformers.Qwen3ForCausalLM:
     return model
 
 
-def train(compiled: str) -> tuple[list[dict], dict[str, torch.Tensor], transformers.PreTrainedModel, Learner]:
-    """Two optimizer steps on the same batch; ``compiled``: "no", "yes" or "broken" (every compiled forward raises)."""
+def train(compiled: str, backend: Any = None) -> tuple[list[dict], dict[str, torch.Tensor], transformers.PreTrainedModel, Learner]:
+    """Two optimizer steps on the same batch; ``compiled``: "no", "yes" or "broken" (every compiled
+    forward raises); ``backend``: the compiled layers' torch.compile backend (inductor if None)."""
     model = tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
@@ -47,6 +49,8 @@ def train(compiled: str) -> tuple[list[dict], dict[str, torch.Tensor], transform
     if compiled != "no":
         layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
         assert layers is not None
+    if backend is not None:
+        layers.forwards = [torch.compile(layer.forward, dynamic=True, backend=backend) for layer in layers.layers]
     if compiled == "broken":
         def fail(*a, **k):  # what a backend that cannot compile this model raises, at the first call
             raise RuntimeError("BackendCompilerFailed: no kernel for this op\nmore detail")
@@ -107,23 +111,12 @@ def test_a_compile_failing_inside_the_step_retries_it_eagerly(eager, capsys, sta
             return gm
         return compile_graph
 
-    backend = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))
-    model = tiny()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    settings = LearnSettings(
-        micro_batch_size=3, num_iterations=2, steps_per_generation=1, temperature=0.9, logprob_chunk_size=7,
-        max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1,
-    )
-    layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
-    layers.forwards = [torch.compile(layer.forward, dynamic=True, backend=backend) for layer in layers.layers]
-    learner = Learner(Accelerator(cpu=True), model, opt, sched, Reference(model, "full", 0.0), LossConfig(loss_type="dapo"), settings, layers)
-    metrics = list(learner.learn(build_batch(groups(), pad_id=0), 0))
+    metrics, weights, _, learner = train("yes", aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward")))
     assert capsys.readouterr().out.count("compile_learner: the compiled training forward failed") == 1
     assert learner.compiled is None
     assert [m["grad_norm"] for m in metrics] == pytest.approx([m["grad_norm"] for m in eager[0]], rel=1e-6)
     for name, w in eager[1].items():
-        torch.testing.assert_close(model.get_parameter(name).detach(), w, rtol=1e-6, atol=1e-7, msg=name)
+        torch.testing.assert_close(weights[name], w, rtol=1e-6, atol=1e-7, msg=name)
 
 
 def test_a_forward_set_on_the_instance_is_put_back():
