@@ -166,6 +166,8 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled,
         "learn_s": statistics.median(r["perf/train_s"] for r in later),  # the learner: forward, backward, optimizer
         "total_s": total, "steps": len(rows), "static_decode": None if stats is None else stats.stats,
+        # batches whose captured steps drew their own tokens (generator.sample_in_step; the graph counts are the same either way)
+        "sampled_in_step": getattr(trainer.generator, "stats", {}).get("sampled_in_step"),
         "peak_gib": max([_peak(), *phases.values()]),
         "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
         "grad_norms": [r.get("grad_norm") for r in rows],

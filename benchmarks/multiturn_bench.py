@@ -182,7 +182,7 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         "skipped_steps": sum(int(r.get("train/skipped_nonfinite", 0)) for r in rows),
         "calls_per_step": [r.get("rollout/tools/calls") for r in rows],
         "gen_s_steps": [round(r["rollout/elapsed_s"], 2) for r in rows], "learn_s_steps": [round(r["perf/train_s"], 2) for r in rows],
-        "generator": {k: trainer.generator.stats.get(k) for k in ("batches", "admitted", "admissions", "forward_passes")},
+        "generator": {k: trainer.generator.stats.get(k) for k in ("batches", "admitted", "admissions", "forward_passes", "sampled_in_step")},
         # seconds per rollout inside the generator's batches (the rest of gen_s: between batches)
         "batch_s_per_step": sum(b["end"] - b["start"] for b in trace) / len(rows) if trace else None,
     }
