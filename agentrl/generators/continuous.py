@@ -36,7 +36,6 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
     request is answered when the batch ends.
     """
     assert gen.static is not None
-    captured, capture_s = gen.static.stats["graphs_captured"], gen.static.stats["capture_s"]
     n = len(reqs)
     run = gen.static.start([r.prompt for r in reqs], max(r.max_tokens for r in reqs) + 1)
     gen.stats["forward_passes"] += 1
@@ -131,10 +130,5 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
                 streams.restart(at, [r.sampling.seed for r in joined])
         elif idle:
             break
-    # where this batch's time went (the generator's trace): graphs captured, and the host's time in
-    # captures (waiting for CAPTURE_LOCK included) and blocked on the device's tokens
-    gen.batch_timing = {
-        "captures": gen.static.stats["graphs_captured"] - captured, "capture_s": gen.static.stats["capture_s"] - capture_s,
-        "wait_s": to_host.waited_s,
-    }
+    gen.stats["host_wait_s"] += to_host.waited_s  # the host blocked on the device's tokens (the trace's wait_s)
     return [results[id(r)] for r in reqs]

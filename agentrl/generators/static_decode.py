@@ -385,7 +385,6 @@ class StaticDecoder:
         # the next capture instead of staying alive once per active length. No graph reads
         # another's output, and a kept output is read before the next replay, so reuse is safe.
         active.logits = None if active.sampled else logits
-        del logits
         self._set_length(slot, column)  # capture records the counter's increment without running it
         active.graph = graph
         self.stats["graphs_captured"] += 1

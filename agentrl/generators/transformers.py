@@ -153,13 +153,13 @@ class TransformersGenerator:
         self.stats: dict[str, Any] = {
             "batches": 0, "forward_passes": 0, "batch_sizes": [], "tokens_generated": 0, "weight_updates": 0, "admitted": 0, "admissions": 0,
             "sampled_in_step": 0,  # batches whose compiled steps drew their own next tokens
+            "host_wait_s": 0.0,  # static cache: seconds the host waited for the device's sampled tokens
             # the last batches' timeline (start and end on time.monotonic, requests, forward passes;
             # static cache: graphs captured, seconds in captures, seconds the host waited for the
             # device's tokens): where a rollout's time goes between batches, inside them and to
             # their longest rows
             "trace": deque(maxlen=512),
         }
-        self.batch_timing: dict[str, float] = {}  # the running batch's part of its trace entry (continuous.py)
         self.continuous, self.admit_every = continuous, admit_every
         self.sample_in_step = sample_in_step
         self._cond = threading.Condition()
@@ -478,7 +478,7 @@ class TransformersGenerator:
         """Decode one batch; a failure fails only these requests, never the worker."""
         interrupted: BaseException | None = None
         start, passes, admitted = time.monotonic(), self.stats["forward_passes"], self.stats["admitted"]
-        self.batch_timing = {}
+        before = self._timing()
         try:
             with self._weights_lock, torch.inference_mode(), self._attention_backends():
                 results = self._decode(batch)
@@ -501,7 +501,7 @@ class TransformersGenerator:
         self.stats["trace"].append({
             "start": start, "end": time.monotonic(), "requests": len(batch), "admitted": self.stats["admitted"] - admitted,
             "forward_passes": self.stats["forward_passes"] - passes, "longest_prompt": max(len(r.prompt) for r in batch),
-            **{k: round(v, 4) for k, v in self.batch_timing.items()},
+            **{k: round(v - before[k], 4) for k, v in self._timing().items()},
         })
         for req in batch:
             req.resolve()
@@ -532,6 +532,15 @@ class TransformersGenerator:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+    def _timing(self) -> dict[str, float]:
+        """Static cache: graphs captured, seconds in captures (waiting for ``CAPTURE_LOCK``
+        included), seconds the host waited on the device's tokens, so far (a batch's trace entry
+        holds its share); nothing on the dynamic cache."""
+        if self.static is None:
+            return {}
+        s = self.static.stats
+        return {"captures": s["graphs_captured"], "capture_s": s["capture_s"], "wait_s": self.stats["host_wait_s"]}
 
     def _decode(self, reqs: list[_Request]) -> list[Generation]:
         """One batch: the static-cache loop (agentrl/generators/continuous.py) or the dynamic-cache
