@@ -11,6 +11,7 @@ a viewer shows.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -123,13 +124,22 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data, built without recursion (see :func:`plain`): a hostile tool call
-        nested thousands of levels deep must not lose the results file it is written to."""
-        return plain(self)
+        nested thousands of levels deep must not lose the results file it is written to.
+
+        A log-prob that is not a number (a demonstrated token has no sampler log-prob: NaN) is
+        written as ``null``, so each line is strict JSON that any reader (``jq``, JavaScript,
+        pandas) parses; :meth:`from_dict` reads it back as NaN."""
+        data = plain(self)
+        for s in data.get("samples", []):
+            for key in LOGPROB_KEYS:
+                if isinstance(s.get(key), list) and any(isinstance(v, float) and not math.isfinite(v) for v in s[key]):
+                    s[key] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in s[key]]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
         data = dict(data)
-        data["samples"] = [Sample(**s) for s in data.get("samples", [])]
+        data["samples"] = [Sample(**_numbers(s)) for s in data.get("samples", [])]
         data["turns"] = [_turn(t) for t in data.get("turns", [])]
         return cls(**data)
 
@@ -161,6 +171,18 @@ def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
 def read_jsonl(path: str | Path) -> list[Trajectory]:
     with open(path, encoding="utf-8") as f:
         return [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+LOGPROB_KEYS = ("logprobs", "trainer_logprobs")
+
+
+def _numbers(sample: dict[str, Any]) -> dict[str, Any]:
+    """A sample's stored log-probs with ``null`` (no number, see ``Trajectory.to_dict``) as NaN."""
+    out = dict(sample)
+    for key in LOGPROB_KEYS:
+        if isinstance(out.get(key), list) and None in out[key]:
+            out[key] = [math.nan if v is None else v for v in out[key]]
+    return out
 
 
 def _turn(data: dict[str, Any]) -> Turn:

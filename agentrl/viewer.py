@@ -143,9 +143,9 @@ def _sample(s: dict[str, Any]) -> dict[str, Any]:
         value = s.get(key, [] if key == "logprobs" else None)
         if value is None and key == "trainer_logprobs":
             continue
-        if not isinstance(value, list) or not all(type(v) in (int, float) for v in value):
+        if not isinstance(value, list) or not all(v is None or type(v) in (int, float) for v in value):
             raise ValueError(f"sample {key} is not a list of numbers")
-        out[key] = [float(v) for v in value]
+        out[key] = [math.nan if v is None else float(v) for v in value]  # null: no log-prob (Trajectory.to_dict)
     return out
 
 

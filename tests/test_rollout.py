@@ -254,3 +254,29 @@ def test_infrastructure_error_drops_only_that_episode(model, fmt, tmp_path):
     trajs = [t for g in groups for t in g.trajectories]
     write_jsonl(trajs, path)
     assert [t.to_dict() for t in read_jsonl(path)] == [t.to_dict() for t in trajs]
+
+
+def test_a_demonstrated_episodes_missing_logprobs_are_strict_json_and_read_back_as_nan(tmp_path):
+    """A demonstration's tokens have no sampler log-prob (NaN); JSON has no NaN, so the file
+    writes null there and reading it gives NaN back, the finite values untouched."""
+    import json
+    import math
+
+    from agentrl.trajectory import Sample, Trajectory
+
+    smp = Sample(prompt_ids=[1, 2], completion_ids=[3, 4, 5], loss_mask=[1, 0, 1], logprobs=[math.nan, 0.0, -0.25],
+                 trainer_logprobs=[-1.5, 0.0, math.inf])
+    traj = Trajectory(task={"q": 1}, seed=None, samples=[smp])
+    path = tmp_path / "demo.jsonl"
+    write_jsonl([traj], path)
+
+    def strict(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    line = json.loads(path.read_text(), parse_constant=strict)
+    assert line["samples"][0]["logprobs"] == [None, 0.0, -0.25]
+    assert line["samples"][0]["trainer_logprobs"] == [-1.5, 0.0, None]
+    back = read_jsonl(path)[0].samples[0]
+    assert math.isnan(back.logprobs[0]) and back.logprobs[1:] == [0.0, -0.25]
+    assert back.trainer_logprobs[:2] == [-1.5, 0.0] and math.isnan(back.trainer_logprobs[2])
+    assert smp.logprobs[1:] == [0.0, -0.25] and math.isnan(smp.logprobs[0])  # writing leaves the episode as it was

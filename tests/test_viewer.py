@@ -444,15 +444,18 @@ def test_training_run_records_trainer_logprobs_that_match_the_sampler(tmp_path, 
     capsys.readouterr()
     assert cli(["view", str(tmp_path)]) == 0
     assert "tokenizer of default" in capsys.readouterr().out  # found through the run's config.json
-    rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    def strict(name: str) -> None:
+        raise ValueError(f"samples.jsonl holds {name}, which is not JSON")
+
+    rows = [json.loads(line, parse_constant=strict) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     sampled = [r for r in rows if not r["guided"]]  # the default run's guidance: demonstrations have no sampler log-probs
     assert sampled, "the first logged episodes include a sampled one"
     gaps = [abs(t - s) for r in sampled for smp in r["samples"] for t, s, m in zip(smp["trainer_logprobs"], smp["logprobs"], smp["loss_mask"]) if m]
     assert gaps and max(gaps) < 1e-4, max(gaps)  # same weights, same temperature, fp32: only float noise
     for r in rows:
-        if r["guided"]:  # NaN where no sampler drew the token; the trainer's log-probs are still written
-            assert all(math.isnan(x) for smp in r["samples"] for x, m in zip(smp["logprobs"], smp["loss_mask"]) if m)
+        if r["guided"]:  # null where no sampler drew the token; the trainer's log-probs are still written
+            assert all(x is None for smp in r["samples"] for x, m in zip(smp["logprobs"], smp["loss_mask"]) if m)
             assert all(math.isfinite(x) for smp in r["samples"] for x, m in zip(smp["trainer_logprobs"], smp["loss_mask"]) if m)
     parsed = parse(tmp_path / "view.html")
     assert all("trainer" in e["attrs"]["data-flags"].split() for e in parsed.episodes)
