@@ -119,7 +119,9 @@ def assert_same_run(one: Path, many: Path) -> float:
     for x, y in zip(sa, sb):  # the same episodes were sampled
         assert [s["completion_ids"] for s in x["samples"]] == [s["completion_ids"] for s in y["samples"]]
         for p, q in zip(x["samples"], y["samples"]):
-            noise = max([noise, *(abs(u - v) for u, v in zip(p["logprobs"], q["logprobs"]))])
+            # null: a demonstrated token, which no sampler drew (guidance), on both runs alike
+            assert [u is None for u in p["logprobs"]] == [v is None for v in q["logprobs"]]
+            noise = max([noise, *(abs(u - v) for u, v in zip(p["logprobs"], q["logprobs"]) if u is not None)])
     print(f"max |sampler logprob difference|: {noise:.3g}")
     return worst
 
