@@ -477,7 +477,7 @@ def main() -> None:
             result.update(row=row, framework=fw, wall_s=time.perf_counter() - t)
             results.append(result)
             print(json.dumps(result), flush=True)
-    print(f"\ndevice: {device}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; model {args.model or args.shape}")
+    print(f"\ndevice: {device}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}; model {model if args.model or args.cpu else args.shape}")
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "results": results}, indent=1))
