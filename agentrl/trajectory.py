@@ -132,7 +132,7 @@ class Trajectory:
         data = plain(self)
         for s in data.get("samples", []):
             for key in LOGPROB_KEYS:
-                if isinstance(s.get(key), list) and any(isinstance(v, float) and not math.isfinite(v) for v in s[key]):
+                if isinstance(s.get(key), list):
                     s[key] = [None if isinstance(v, float) and not math.isfinite(v) else v for v in s[key]]
         return data
 

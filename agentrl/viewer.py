@@ -145,7 +145,7 @@ def _sample(s: dict[str, Any]) -> dict[str, Any]:
             continue
         if not isinstance(value, list) or not all(v is None or type(v) in (int, float) for v in value):
             raise ValueError(f"sample {key} is not a list of numbers")
-        out[key] = [math.nan if v is None else float(v) for v in value]  # null: no log-prob (Trajectory.to_dict)
+        out[key] = [None if v is None else float(v) for v in value]  # null: no log-prob; Trajectory.from_dict makes it NaN
     return out
 
 

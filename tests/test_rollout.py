@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import time
 
 import anyio
@@ -13,7 +15,7 @@ from agentrl.environments.calculator import CalculatorEnv, correct
 from agentrl.generators.base import SamplingParams
 from agentrl.generators.transformers import TransformersGenerator
 from agentrl.rollout import RolloutConfig, RolloutEngine, rollout_metrics
-from agentrl.trajectory import read_jsonl, write_jsonl
+from agentrl.trajectory import Sample, Trajectory, read_jsonl, write_jsonl
 
 
 def engine_for(model, fmt, **cfg) -> RolloutEngine:
@@ -259,11 +261,6 @@ def test_infrastructure_error_drops_only_that_episode(model, fmt, tmp_path):
 def test_a_demonstrated_episodes_missing_logprobs_are_strict_json_and_read_back_as_nan(tmp_path):
     """A demonstration's tokens have no sampler log-prob (NaN); JSON has no NaN, so the file
     writes null there and reading it gives NaN back, the finite values untouched."""
-    import json
-    import math
-
-    from agentrl.trajectory import Sample, Trajectory
-
     smp = Sample(prompt_ids=[1, 2], completion_ids=[3, 4, 5], loss_mask=[1, 0, 1], logprobs=[math.nan, 0.0, -0.25],
                  trainer_logprobs=[-1.5, 0.0, math.inf])
     traj = Trajectory(task={"q": 1}, seed=None, samples=[smp])
