@@ -44,25 +44,51 @@ def main() -> None:
     bench.run_agentrl(args.model, P, G, N, 2, cpu=False)
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    live: dict[int, tuple[int, str]] = {}
-    total = peak = 0
-    peak_live: dict[int, tuple[int, str]] = {}
-    for event in snap["device_traces"][0]:
+    events = snap["device_traces"][0]
+    # pass 1: the total live bytes after each event, and the highest total reached while the
+    # rollout (a frame in agentrl/generators) or the learning (learner, logprobs, losses) allocated
+    sizes: dict[int, int] = {}
+    total, peaks = 0, {"rollout": (0, -1), "training": (0, -1)}
+    for i, event in enumerate(events):
         action, addr, size = event["action"], event["addr"], event["size"]
         if action == "alloc":
-            live[addr] = (size, where(event.get("frames", [])))
+            sizes[addr] = size
             total += size
-            if total > peak:
-                peak, peak_live = total, dict(live)
-        elif action in ("free_requested", "free_completed") and addr in live and action == "free_completed":
-            total -= live.pop(addr)[0]
-    by_site = collections.Counter()
-    for size, site in peak_live.values():
-        by_site[site] += size
-    print(f"peak of traced allocations: {peak / 2**30:.2f} GiB (allocations made before recording started are not included)")
-    for site, size in by_site.most_common(18):
-        print(f"{size / 2**30:7.2f} GiB  {site}")
+            phase = phase_of(event.get("frames", []))
+            if phase and total > peaks[phase][0]:
+                peaks[phase] = (total, i)
+        elif action == "free_completed" and addr in sizes:
+            total -= sizes.pop(addr)
+    print("allocations made before recording started are not included")
+    for phase, (peak, at) in peaks.items():
+        if at < 0:
+            continue
+        # pass 2: what was live at that event, grouped by where it was allocated
+        live: dict[int, tuple[int, str]] = {}
+        for event in events[: at + 1]:
+            action, addr, size = event["action"], event["addr"], event["size"]
+            if action == "alloc":
+                live[addr] = (size, where(event.get("frames", [])))
+            elif action == "free_completed":
+                live.pop(addr, None)
+        by_site: collections.Counter[str] = collections.Counter()
+        for size, site in live.values():
+            by_site[site] += size
+        print(f"\n{phase} peak of traced allocations: {peak / 2**30:.2f} GiB (event {at} of {len(events)})")
+        for site, size in by_site.most_common(18):
+            print(f"{size / 2**30:7.2f} GiB  {site}")
+    print(f"\ntorch.cuda.max_memory_allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
 
+
+def phase_of(frames: list[dict]) -> str | None:
+    """``rollout`` or ``training`` by the agentrl module that allocated, else None."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "agentrl/generators" in name:
+            return "rollout"
+        if any(k in name for k in ("agentrl/learner", "agentrl/logprobs", "agentrl/losses", "torch/optim")):
+            return "training"
+    return None
 
 if __name__ == "__main__":
     main()

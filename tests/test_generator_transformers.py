@@ -515,7 +515,8 @@ def test_cuda_graph_decoding_is_the_default_on_cuda_with_a_named_fallback(capsys
 def test_compiled_decode_step_compiles_once_for_every_batch_and_cache_length():
     """generator.compile_decode: one compile serves every (batch, cache length) shape. Compiled for
     its first shape, the step recompiled at the first new cache length, the first new batch size and
-    a batch of one, each costing 25-47 s in the middle of a GPU rollout (benchmarks/RESULTS.md)."""
+    a batch of one, each costing 25-47 s in the middle of a GPU rollout (benchmarks/RESULTS.md), and
+    again where it was first traced attending to the whole cache."""
     from torch._dynamo.utils import counters
 
     from agentrl.generators.static_decode import StaticDecoder
@@ -525,9 +526,10 @@ def test_compiled_decode_step_compiles_once_for_every_batch_and_cache_length():
     compiled = StaticDecoder(m, 0, use_graphs=False, compile=True)
     before = counters["stats"]["unique_graphs"]
     with torch.no_grad():
-        # (rows, new tokens, prompt length, steps): the last case crosses an active-length boundary
-        # (column 128), where the step's mask and keys narrow to another length
-        for n, new, width, steps in [(8, 100, 3, 3), (8, 300, 3, 3), (4, 100, 3, 3), (1, 100, 3, 3), (16, 400, 3, 3), (4, 300, 125, 6)]:
+        # (rows, new tokens, prompt length, steps): the first case attends to all of its cache's
+        # columns (traced there, the step recompiled for every later shorter active length); the
+        # last crosses an active-length boundary (column 128), where the mask and keys narrow
+        for n, new, width, steps in [(8, 20, 200, 3), (8, 100, 3, 3), (8, 300, 3, 3), (4, 100, 3, 3), (1, 100, 3, 3), (16, 400, 3, 3), (4, 300, 125, 6)]:
             prompts = [[1 + (i + j) % 60 for j in range(width + i % 4)] for i in range(n)]
             a, b = plain.start(prompts, new), compiled.start(prompts, new)
             tok = a.prefill_logits.argmax(-1)
@@ -537,6 +539,32 @@ def test_compiled_decode_step_compiles_once_for_every_batch_and_cache_length():
                 assert torch.allclose(la, lb, atol=1e-4), (la - lb).abs().max()
                 tok = la.argmax(-1)
     assert counters["stats"]["unique_graphs"] - before == 1
+
+
+def test_a_static_cache_is_sized_to_128_columns_and_a_live_one_that_fits_is_reused():
+    """A new cache is the need rounded up to 128 columns (256 gave a 64-row Qwen3 batch needing 357
+    columns 512 of them: 1.1 GB never written); a live cache of the batch's rows that is at most
+    256 longer serves a later need, so a multi-turn rollout whose needs move by a few tokens keeps
+    its caches and graphs. Decoding on a reused, longer cache gives the same tokens."""
+    from agentrl.generators.static_decode import StaticDecoder
+
+    dec = StaticDecoder(tiny_model(0), 0, use_graphs=False)
+    prompt = [[1 + j % 60 for j in range(101)]] * 8
+    first = dec.start(prompt, 256)  # needs 357
+    assert dec.cache_length(8, 357) == 384 and first.slot.mask.shape[-1] == 384
+    assert dec.cache_length(8, 300) == 384  # fits in the live cache
+    assert dec.cache_length(8, 120) == 128  # 384 would be 264 columns more than it needs
+    assert dec.cache_length(4, 300) == 384 and (4, 384) not in dec._slots  # another batch shape: its own
+    longer = dec.start(prompt, 300)  # needs 401: a new cache of 512
+    assert longer.slot.mask.shape[-1] == 512 and dec.cache_length(8, 380) == 384  # the smaller live one fits best
+    tokens = []
+    for batch in (dec.start(prompt, 29), StaticDecoder(tiny_model(0), 0, use_graphs=False).start(prompt, 29)):  # needs 130
+        tok, got = batch.prefill_logits.argmax(-1), []
+        for _ in range(5):
+            tok = batch.step(tok).argmax(-1)
+            got.append(tok.tolist())
+        tokens.append((batch.slot.mask.shape[-1], got))
+    assert tokens[0][0] == 384 and tokens[1][0] == 256 and tokens[0][1] == tokens[1][1]
 
 
 def test_keyed_gumbel_max_draws_the_tempered_distribution_from_each_rows_own_stream():
