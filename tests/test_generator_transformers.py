@@ -527,9 +527,11 @@ def test_compiled_decode_step_compiles_once_for_every_batch_and_cache_length():
     before = counters["stats"]["unique_graphs"]
     with torch.no_grad():
         # (rows, new tokens, prompt length, steps): the first case attends to all of its cache's
-        # columns (traced there, the step recompiled for every later shorter active length); the
-        # last crosses an active-length boundary (column 128), where the mask and keys narrow
-        for n, new, width, steps in [(8, 20, 200, 3), (8, 100, 3, 3), (8, 300, 3, 3), (4, 100, 3, 3), (1, 100, 3, 3), (16, 400, 3, 3), (4, 300, 125, 6)]:
+        # columns (traced there, the step recompiled for every later shorter active length) and
+        # has as many rows as the model's head dimension (32: traced there, the batch size was
+        # fixed to it); the last crosses an active-length boundary (column 128), where the mask
+        # and keys narrow
+        for n, new, width, steps in [(32, 20, 200, 3), (8, 100, 3, 3), (8, 300, 3, 3), (4, 100, 3, 3), (1, 100, 3, 3), (16, 400, 3, 3), (4, 300, 125, 6)]:
             prompts = [[1 + (i + j) % 60 for j in range(width + i % 4)] for i in range(n)]
             a, b = plain.start(prompts, new), compiled.start(prompts, new)
             tok = a.prefill_logits.argmax(-1)
@@ -538,6 +540,31 @@ def test_compiled_decode_step_compiles_once_for_every_batch_and_cache_length():
                 assert lb.shape == la.shape == (n, 64)
                 assert torch.allclose(la, lb, atol=1e-4), (la - lb).abs().max()
                 tok = la.argmax(-1)
+    assert m.config.head_dim == 32
+    assert counters["stats"]["unique_graphs"] - before == 1
+
+
+def test_compiled_decode_step_keeps_the_active_length_symbolic_when_it_equals_the_head_dimension():
+    """Qwen3's heads are 128 wide, and so are a step's first active columns (ACTIVE_STEP): traced
+    with duck sizing, the two shared one symbol, the active length was fixed to 128 and the step
+    compiled again at 256 and 384 (a Qwen3-0.6B rollout spent 216 s capturing on an H200)."""
+    from torch._dynamo.utils import counters
+
+    from agentrl.generators.static_decode import ACTIVE_STEP, StaticDecoder
+
+    config = transformers.Qwen2Config(
+        vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=ACTIVE_STEP, intermediate_size=128, tie_word_embeddings=True, max_position_embeddings=1024,
+    )
+    torch.manual_seed(0)
+    dec = StaticDecoder(transformers.Qwen2ForCausalLM(config).eval(), 0, use_graphs=False, compile=True)
+    before = counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        batch = dec.start([[1 + (i + j) % 60 for j in range(120 + i % 3)] for i in range(4)], 200)
+        tok = batch.prefill_logits.argmax(-1)
+        for _ in range(140):  # from column 122 (128 active columns) to 262 (384)
+            tok = batch.step(tok).argmax(-1)
+    assert batch.column > 2 * ACTIVE_STEP
     assert counters["stats"]["unique_graphs"] - before == 1
 
 

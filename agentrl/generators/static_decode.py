@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.fx.experimental import _config as fx_config
 
 from agentrl.compile_layers import CAPTURE_LOCK
 
@@ -207,7 +208,11 @@ class StaticDecoder:
         # cache length, again at the first new batch size and again at a batch of one, each time
         # in the middle of a later rollout (25-47 s per recompile for a 0.5B model on an H200; a
         # multi-turn run meets new shapes for several steps). Batches are at least two rows, as
-        # a batch of one would still specialise.
+        # a batch of one would still specialise. Traced without duck sizing (forward): with it, a
+        # size that happened to equal the model's head dimension at the first trace shared one
+        # symbol with it and was fixed: a first batch of 64 rows with Qwen2.5-0.5B's 64-wide heads
+        # (the first 32-row batch compiled again, 83 s on an H200, mid-rollout), or Qwen3's first
+        # 128 active columns with its 128-wide heads (compiled again at 256 and at 384).
         self._compiled = torch.compile(model, dynamic=True) if compile else None
         self._bias_ends: tuple[torch.Tensor, torch.Tensor] | None = None  # 0 and -inf for _additive
         self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0, "capture_s": 0.0}
@@ -294,8 +299,11 @@ class StaticDecoder:
         if swap:  # only for our own calls: training forwards on a shared module keep plain SDPA
             config._attn_implementation = GQA_DECODE
         try:
-            call = self._compiled if self._compiled is not None and ids.shape[1] == 1 else self.model
-            out = call(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
+            if self._compiled is not None and ids.shape[1] == 1:
+                with fx_config.patch(use_duck_shape=False):  # see __init__
+                    out = self._compiled(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
+            else:
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
         finally:
             if swap:
                 config._attn_implementation = original
