@@ -39,7 +39,11 @@ def main() -> None:
     ap.add_argument("--row", default="8x8x256")
     args = ap.parse_args()
     P, G, N = (int(x) for x in args.row.split("x"))
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000)
+    # Python stacks only: with C++ stacks too (the default, "all") the compiled training forward
+    # failed under recording on an H200 (SystemError from an autograd Function's apply, calls 22
+    # and 23 of benchmarks/RESULTS.md) and the learner fell back to eager, so its peak was not the
+    # default path's
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     os.environ.setdefault("AGENTRL_BENCH_EXTRA", "")
     bench.run_agentrl(args.model, P, G, N, 2, cpu=False)
     snap = torch.cuda.memory._snapshot()
