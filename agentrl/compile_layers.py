@@ -46,6 +46,23 @@ def allow_compiled_calls_beside_tracing() -> None:
     torch._dynamo.config.error_on_nested_fx_trace = False
 
 
+def no_duck_sizing() -> contextlib.AbstractContextManager[Any]:
+    """Trace dynamic shapes without dynamo's duck sizing, for compiles that serve many shapes.
+
+    Why: duck sizing gives input sizes that are equal at the first trace one symbol, and the
+    model's head dimension is one of them (the rotary tables, the KV cache) and later a constant,
+    so a size that happened to equal it was fixed to it and the next other size compiled again:
+    a decode batch of 64 rows with 64-wide heads, a decode step's 128 active columns with
+    128-wide heads, a training micro-batch of sequences as long as the head dimension (on an
+    H200, 83 s for the decode step mid-rollout, ~7 s for the learner). Patches a process-wide
+    setting for the block: a compile on another thread meanwhile also traces without it, which
+    only costs it that shortcut.
+    """
+    from torch.fx.experimental import _config as fx_config
+
+    return fx_config.patch(use_duck_shape=False)
+
+
 def decoder_layers(model: Any) -> list[torch.nn.Module] | None:
     """The repeated blocks of a transformers causal LM (``get_decoder().layers``), or None."""
     get = getattr(model, "get_decoder", None)
@@ -75,7 +92,8 @@ class CompiledLayers:
         for layer, forward in zip(self.layers, self.forwards):
             layer.forward = forward  # type: ignore[method-assign]
         try:
-            yield
+            with no_duck_sizing():  # traced here (forward and backward) for every later length
+                yield
         finally:
             for layer, own in zip(self.layers, self.own):
                 if own is None:

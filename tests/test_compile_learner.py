@@ -175,6 +175,23 @@ def test_a_step_whose_rows_leave_one_over_compiles_the_layers_once():
     assert dynamo.utils.counters["stats"]["unique_graphs"] - before == 1
 
 
+def test_a_first_micro_batch_as_long_as_the_head_dimension_does_not_fix_the_length():
+    """Sequences of 32 tokens at the first trace, with 32-wide heads: under duck sizing their length
+    shared a symbol with the rotary tables' head dimension and was fixed to 32, so every later
+    length compiled the layers again (~7 s each on an H200). Forward and backward, one compile."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    before = dynamo.utils.counters["stats"]["unique_graphs"]
+    model = tiny()
+    assert model.config.head_dim == 32
+    layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+    for rows, length in [(2, 32), (2, 40), (3, 17), (5, 33)]:
+        with layers.active():
+            model(input_ids=torch.randint(1, V, (rows, length))).logits.sum().backward()
+    assert dynamo.utils.counters["stats"]["unique_graphs"] - before == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compiled_layers_on_cuda_bf16_autocast():

@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.fx.experimental import _config as fx_config
 
-from agentrl.compile_layers import CAPTURE_LOCK
+from agentrl.compile_layers import CAPTURE_LOCK, no_duck_sizing
 
 __all__ = ["StaticBatch", "StaticDecoder"]
 
@@ -300,7 +299,7 @@ class StaticDecoder:
             config._attn_implementation = GQA_DECODE
         try:
             if self._compiled is not None and ids.shape[1] == 1:
-                with fx_config.patch(use_duck_shape=False):  # see __init__
+                with no_duck_sizing():  # see __init__
                     out = self._compiled(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
             else:
                 out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
