@@ -54,6 +54,8 @@ def grouped_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor
         # and never all of them (the cache's spare column, StaticDecoder._slot): no branch here,
         # so the compiled step is one graph whatever the active length
         key, value = key[:, :, : attention_mask.shape[-1]], value[:, :, : attention_mask.shape[-1]]
+        if attention_mask.is_floating_point() and attention_mask.dtype != query.dtype:  # SDPA wants the query's
+            attention_mask = attention_mask.to(query.dtype)  # (StaticDecoder._additive takes the weights')
     kv_heads = key.shape[1]
     if q != 1 or kv_heads == H or attention_mask is None or attention_mask.dim() != 4 or kwargs.get("dropout", 0.0):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
