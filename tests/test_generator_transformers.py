@@ -501,7 +501,9 @@ def test_cuda_graph_decoding_is_the_default_on_cuda_with_a_named_fallback(capsys
     sliding = tf.Qwen2ForCausalLM(tf.Qwen2Config(vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                                                  num_key_value_heads=1, intermediate_size=64, use_sliding_window=True, sliding_window=16))
     assert _use_cuda_graphs(None, cuda=False, model=full) is False
-    assert _use_cuda_graphs(True, cuda=False, model=full) is False  # CPU: the eager path, as before
+    assert capsys.readouterr().out == ""
+    assert _use_cuda_graphs(True, cuda=False, model=full) is False  # CPU: the eager path, as before, said once
+    assert capsys.readouterr().out == "generator: cuda_graphs=true has no effect without CUDA; decoding eagerly\n"
     assert _use_cuda_graphs(None, cuda=True, model=full) is True
     assert _use_cuda_graphs(False, cuda=True, model=full) is False
     assert capsys.readouterr().out == ""

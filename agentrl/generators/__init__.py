@@ -97,8 +97,12 @@ def build_generator(
 
 def _use_cuda_graphs(asked: bool | None, cuda: bool, model: Any) -> bool:
     """CUDA-graph decoding: on by default on CUDA, off on CPU; an unsupported model falls back to
-    eager decoding with one line naming why (an explicit ``cuda_graphs=true`` fails instead)."""
+    eager decoding with one line naming why (an explicit ``cuda_graphs=true`` fails instead). An
+    explicit ``true`` without CUDA decodes eagerly too, and says so (a config shared by a GPU and a
+    CPU machine stays valid on both; before, the setting was dropped without a word)."""
     if not cuda or asked is False:
+        if asked and not cuda:
+            print("generator: cuda_graphs=true has no effect without CUDA; decoding eagerly", flush=True)
         return False
     from agentrl.generators.static_decode import StaticDecoder
 
