@@ -23,6 +23,7 @@ runs eagerly, which is how its equivalence with the dynamic path is tested on CP
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -300,11 +301,10 @@ class StaticDecoder:
         if swap:  # only for our own calls: training forwards on a shared module keep plain SDPA
             config._attn_implementation = GQA_DECODE
         try:
-            if self._compiled is not None and ids.shape[1] == 1:
-                with no_duck_sizing():  # see __init__
-                    out = self._compiled(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
-            else:
-                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
+            compiled = self._compiled is not None and ids.shape[1] == 1
+            with no_duck_sizing() if compiled else contextlib.nullcontext():  # see __init__
+                call = self._compiled if compiled else self.model
+                out = call(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
         finally:
             if swap:
                 config._attn_implementation = original
@@ -351,9 +351,9 @@ class StaticDecoder:
         per step for every layer. SDPA turns a boolean mask into this itself, in every layer: inside
         a replayed graph the attention took 30.2 against 24.6 us per layer at 256 rows x 256 columns
         (46.0 against 39.4 at 512; H200, benchmarks/decode_attention.py), the same numbers."""
-        if self._bias_ends is None or self._bias_ends[0].device != mask.device:
+        if self._bias_ends is None:
             dtype = next(self.model.parameters()).dtype
-            self._bias_ends = (torch.zeros((), dtype=dtype, device=mask.device), torch.full((), float("-inf"), dtype=dtype, device=mask.device))
+            self._bias_ends = (torch.zeros((), dtype=dtype, device=self.device), torch.full((), float("-inf"), dtype=dtype, device=self.device))
         return torch.where(mask, *self._bias_ends)
 
     def decode_step(self, slot: _Slot, column: int, sampled: bool = False) -> torch.Tensor | None:
