@@ -49,9 +49,6 @@ class GeneratorSettings(Strict):
     sample_in_step: bool = Field(
         True, description="with compile_decode: the captured step also draws each row's next token (one tempered setting, no filters, no continuous batching), and its logits are not kept per graph (docs/performance.md)"
     )
-    decode_attention: Literal["sdpa", "split"] = Field(
-        "sdpa", description="with cuda_graphs: the one-token step's attention: SDPA, or split, a Triton split-KV kernel (flash decoding; agentrl/generators/decode_kernel.py) where Triton is installed"
-    )
     # vllm (colocated)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory vLLM may take")
     max_model_len: int | None = Field(None, ge=16, description="vLLM context length (None: rollout.max_context)")
@@ -66,7 +63,7 @@ class GeneratorSettings(Strict):
     @pydantic.model_validator(mode="after")
     def _knobs_match_backend(self) -> GeneratorSettings:
         owners = {
-            "transformers": {"max_batch_size", "gather_window_s", "cuda_graphs", "compile_decode", "continuous_batching", "sample_in_step", "decode_attention"},
+            "transformers": {"max_batch_size", "gather_window_s", "cuda_graphs", "compile_decode", "continuous_batching", "sample_in_step"},
             "vllm": {"gpu_memory_utilization", "max_model_len", "dtype", "enable_sleep_mode", "enforce_eager"},
             "vllm-server": {"url", "timeout_s", "request_timeout_s"},
         }

@@ -15,9 +15,7 @@ This times the candidates on the same inputs and checks each against float32 mat
 - ``graph24_bool`` / ``graph24_float``: SDPA with either mask, 24 calls captured in one CUDA graph
   and replayed (per-call time without launches, as inside the captured decode step);
 - ``flex``: ``flex_attention`` compiled with the mask as a score modification (flex decoding's
-  split-KV kernel for short queries);
-- ``split`` / ``graph24_split``: agentrl's Triton split-KV kernel (``generator.decode_attention=split``,
-  ``agentrl/generators/decode_kernel.py``) with the float mask, called alone and 24 times in a graph.
+  split-KV kernel for short queries).
 
 Prints microseconds per call, the bytes of keys and values read, the achieved bandwidth, and the
 largest difference from the float32 reference.
@@ -115,12 +113,8 @@ def columns(A: int, B: int, H: int, KV: int, D: int, flex, math, math_compiled) 
         "math_compiled": lambda: math_compiled(q, k, v, mask),
         "flex": lambda: flex(qh, k, v, score_mod=score_mod, enable_gqa=True).reshape(B, KV, G, D),
     }
-    from agentrl.generators.decode_kernel import split_kv_attention
-
-    candidates["split"] = lambda: split_kv_attention(q, k, v, bias)
     for kind, m in (("bool", mask), ("float", bias)):  # as a decode step runs them: 24 layers in one replayed graph
         candidates[f"graph24_{kind}"] = graphed(lambda m=m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), 24)
-    candidates["graph24_split"] = graphed(lambda: split_kv_attention(q, k, v, bias), 24)
     nbytes = 2 * k.numel() * k.element_size()
     for name, fn in candidates.items():
         try:

@@ -60,7 +60,7 @@ def build_generator(
             gather_window_s=settings.gather_window_s, static_cache=cuda_graphs,
             compile_decode=compile_decode, weights_dtype=train_dtype if copy else None, host_rollouts=host_rollouts,
             training_alongside=training_alongside, continuous=settings.continuous_batching,
-            sample_in_step=settings.sample_in_step, decode_attention=settings.decode_attention,
+            sample_in_step=settings.sample_in_step,
         )
     if backend == "vllm":
         import torch

@@ -37,19 +37,15 @@ __all__ = ["StaticBatch", "StaticDecoder"]
 
 
 GQA_DECODE = "agentrl_sdpa_gqa"
-GQA_DECODE_SPLIT = "agentrl_split_kv_gqa"  # the same with the Triton split-KV kernel (decode_kernel.py)
 
 
-def grouped_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
-                             split: bool = False, **kwargs: Any) -> Any:
+def grouped_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
     """SDPA for one decode token with grouped-query attention, without copying the KV cache.
 
     transformers' SDPA path expands keys and values to every query head (``repeat_kv``) whenever a
     mask is given: for a 0.5B Qwen2 at batch 64 that copied ~2.8 GB per token step, half the step's
     GPU time. With one query token, the query heads that share a KV head can instead act as that
     head's query rows — the same numbers, no copy. Anything else goes to transformers' SDPA.
-    ``split``: on CUDA, the one-token step's attention runs the split-KV kernel instead of SDPA
-    where it takes the inputs (``decode_kernel.supports``).
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -66,21 +62,8 @@ def grouped_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     grouped = query.reshape(B, kv_heads, H // kv_heads, D)  # query head h reads KV head h // (H / kv_heads)
     mask = attention_mask[:, :, :, : key.shape[2]]
-    out = None
-    if split and query.is_cuda:
-        # imports Triton: only where asked for
-        from agentrl.generators import decode_kernel
-
-        if decode_kernel.supports(grouped, key, mask):
-            out = decode_kernel.split_kv_attention(grouped, key, value, mask, kwargs.get("scaling"))
-    if out is None:
-        out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=kwargs.get("scaling"))
+    out = torch.nn.functional.scaled_dot_product_attention(grouped, key, value, attn_mask=mask, scale=kwargs.get("scaling"))
     return out.reshape(B, H, 1, D).transpose(1, 2).contiguous(), None
-
-
-def split_kv_decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any) -> Any:
-    """``grouped_decode_attention`` with the Triton split-KV kernel for the one-token step."""
-    return grouped_decode_attention(module, query, key, value, attention_mask, split=True, **kwargs)
 
 
 def _register_gqa_decode() -> bool:
@@ -90,9 +73,8 @@ def _register_gqa_decode() -> bool:
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError:
         return False
-    for name, fn in ((GQA_DECODE, grouped_decode_attention), (GQA_DECODE_SPLIT, split_kv_decode_attention)):
-        AttentionInterface.register(name, fn)
-        AttentionMaskInterface.register(name, AttentionMaskInterface._global_mapping["sdpa"])
+    AttentionInterface.register(GQA_DECODE, grouped_decode_attention)
+    AttentionMaskInterface.register(GQA_DECODE, AttentionMaskInterface._global_mapping["sdpa"])
     return True
 
 
@@ -201,18 +183,9 @@ class StaticDecoder:
 
     def __init__(
         self, model: torch.nn.Module, pad_token_id: int, *, use_graphs: bool | None = None, max_shapes: int = 4,
-        compile: bool = False, attention: str = "sdpa",
+        compile: bool = False,
     ) -> None:
-        if attention not in ("sdpa", "split"):
-            raise ValueError(f"attention must be 'sdpa' or 'split', got {attention!r}")
         self.model = model
-        if attention == "split":
-            from agentrl.generators import decode_kernel
-
-            if not decode_kernel.available():
-                print("generator: decode_attention=split needs Triton (not importable); decoding with SDPA", flush=True)
-                attention = "sdpa"
-        self.attention = attention
         self.pad_token_id = int(pad_token_id)
         self.device = next(model.parameters()).device
         self.use_graphs = (self.device.type == "cuda") if use_graphs is None else use_graphs
@@ -326,7 +299,7 @@ class StaticDecoder:
         original = getattr(config, "_attn_implementation", None)
         swap = original == "sdpa" and self._gqa_ready
         if swap:  # only for our own calls: training forwards on a shared module keep plain SDPA
-            config._attn_implementation = GQA_DECODE_SPLIT if self.attention == "split" else GQA_DECODE
+            config._attn_implementation = GQA_DECODE
         try:
             compiled = self._compiled is not None and ids.shape[1] == 1
             with no_duck_sizing() if compiled else contextlib.nullcontext():  # see __init__

@@ -101,8 +101,6 @@ class TransformersGenerator:
     ``sample_in_step`` (compiled static decoding): a batch with one tempered setting and no
     filters draws its tokens inside the captured step (``StaticBatch.advance``) instead of the
     host launching the sampler after each step (the same draws), and its graphs keep no logits.
-    ``decode_attention`` (static cache): ``"split"`` runs the one-token step's attention through
-    the Triton split-KV kernel on CUDA (``decode_kernel.py``), ``"sdpa"`` through SDPA.
     ``host_rollouts``: whether ``run_rollouts`` serves the batches on the calling thread
     (``run_hosted``) rather than on a model thread of its own; default (None): on CPU only, where
     a second thread doing torch work costs every op a kernel wake-up.
@@ -124,7 +122,6 @@ class TransformersGenerator:
         continuous: bool = False,
         admit_every: int = 16,
         sample_in_step: bool = True,
-        decode_attention: str = "sdpa",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -184,7 +181,7 @@ class TransformersGenerator:
             want_static = False
         if compile_decode and not want_static:
             raise ValueError("compile_decode=True needs static_cache=True (the compiled step runs on the static cache)")
-        self.static = StaticDecoder(model, self.pad_token_id, compile=compile_decode, attention=decode_attention) if want_static else None
+        self.static = StaticDecoder(model, self.pad_token_id, compile=compile_decode) if want_static else None
 
     @classmethod
     def from_pretrained(
