@@ -52,11 +52,14 @@ def no_duck_sizing() -> contextlib.AbstractContextManager[Any]:
     Why: duck sizing gives input sizes that are equal at the first trace one symbol, and the
     model's head dimension is one of them (the rotary tables, the KV cache) and later a constant,
     so a size that happened to equal it was fixed to it and the next other size compiled again:
-    a decode batch of 64 rows with 64-wide heads, a decode step's 128 active columns with
-    128-wide heads, a training micro-batch of sequences as long as the head dimension (on an
-    H200, 83 s for the decode step mid-rollout, ~7 s for the learner). Patches a process-wide
-    setting for the block: a compile on another thread meanwhile also traces without it, which
-    only costs it that shortcut.
+    a decode batch of 64 rows with 64-wide heads (83 s on an H200, mid-rollout), a decode step's
+    128 active columns with 128-wide heads, a training micro-batch of sequences as long as the
+    head dimension (~7 s for the learner on an H200). Used for the learner's layers, whose
+    inputs are few; the decode step marks its caches' fixed dimensions static instead
+    (``static_decode._mark_static_dims``): traced without duck sizing, a whole model's caches
+    gave dynamo hundreds of symbols to reason about. Patches a process-wide setting for the
+    block: a compile on another thread meanwhile also traces without it, which only costs it that
+    shortcut.
     """
     from torch.fx.experimental import _config as fx_config
 

@@ -428,7 +428,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model folder (default: build one; --cpu: the bundled model)")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--sft-seconds", type=float, default=90, help="multi-turn rows: SFT time before the runs")
-    ap.add_argument("--logs", default=None, help="write each run's stderr (as it runs) and stdout to <logs>/<row>-<framework>.log")
+    ap.add_argument("--logs", default=None, help="write each run's stderr and stdout (as it runs) to <logs>/<row>-<framework>.log")
     ap.add_argument("--sft-model", default=None, help="multi-turn rows: where the SFT model goes (default: a temp folder); a folder that already holds one is reused")
     ap.add_argument("--worker", choices=["agentrl", "agentrl_offload", "trl", "sft"], help=argparse.SUPPRESS)
     ap.add_argument("--row", help=argparse.SUPPRESS)
@@ -465,14 +465,12 @@ def main() -> None:
             cmd += ["--cpu"] if args.cpu else []
             t = time.perf_counter()
             env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-            if args.logs:  # stderr straight to the file, so a run killed by a time limit still leaves its log
+            if args.logs:  # both streams straight to the file, so a run killed by a time limit still leaves its log
                 Path(args.logs).mkdir(parents=True, exist_ok=True)
                 log = Path(args.logs) / f"{row}-{fw}.log"
-                with log.open("w") as err:
-                    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, check=False)
-                with log.open("a") as out:
-                    out.write(proc.stdout)
-                proc.stderr = log.read_text()
+                with log.open("w") as out:
+                    proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, check=False)
+                proc.stdout = proc.stderr = log.read_text()
             else:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
             found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

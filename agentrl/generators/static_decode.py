@@ -23,7 +23,6 @@ runs eagerly, which is how its equivalence with the dynamic path is tested on CP
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from typing import Any
 
 import torch
 
-from agentrl.compile_layers import CAPTURE_LOCK, no_duck_sizing
+from agentrl.compile_layers import CAPTURE_LOCK
 
 __all__ = ["StaticBatch", "StaticDecoder"]
 
@@ -176,6 +175,18 @@ class _Slot:
     mask: torch.Tensor  # [B, 1, 1, L] which cache columns each row attends to
     active: dict[tuple[int, bool], _Active] = field(default_factory=dict)  # by (active length A, sampled)
     draw: _Draw | None = None
+    marked: bool = False  # the cache's fixed dimensions are marked static for the compiled step
+
+
+def _mark_static_dims(cache: Any) -> None:
+    """Tell dynamo that a static cache's KV-head and head dimensions never change (only rows and
+    length do), so the compiled step makes them no symbols, and a row count or active length that
+    equals one of them at the first trace is not fixed to it (StaticDecoder.__init__)."""
+    for layer in cache.layers:
+        for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if isinstance(t, torch.Tensor) and t.dim() == 4:
+                torch._dynamo.mark_static(t, 1)
+                torch._dynamo.mark_static(t, 3)
 
 
 class StaticDecoder:
@@ -210,11 +221,16 @@ class StaticDecoder:
         # cache length, again at the first new batch size and again at a batch of one, each time
         # in the middle of a later rollout (25-47 s per recompile for a 0.5B model on an H200; a
         # multi-turn run meets new shapes for several steps). Batches are at least two rows, as
-        # a batch of one would still specialise. Traced without duck sizing (forward): with it, a
-        # size that happened to equal the model's head dimension at the first trace shared one
-        # symbol with it and was fixed: a first batch of 64 rows with Qwen2.5-0.5B's 64-wide heads
-        # (the first 32-row batch compiled again, 83 s on an H200, mid-rollout), or Qwen3's first
-        # 128 active columns with its 128-wide heads (compiled again at 256 and at 384).
+        # a batch of one would still specialise. The caches' KV-head and head dimensions are
+        # marked static (forward, _mark_static_dims): as symbols, dynamo's duck sizing gave a size
+        # that equalled the head dimension at the first trace their symbol, and it was fixed: a
+        # first batch of 64 rows with Qwen2.5-0.5B's 64-wide heads (the first 32-row batch
+        # compiled again, 83 s on an H200, mid-rollout), or Qwen3's first 128 active columns with
+        # its 128-wide heads (compiled again at 256 and at 384). Tracing without duck sizing
+        # instead left every cache tensor's sizes their own symbols: Qwen3-0.6B's one compile then
+        # spent its time in sympy, 333 s of captures against 195 s for the two compiles before
+        # (H200, benchmarks/RESULTS.md). Rows and active columns still share a symbol when they
+        # are equal at the first trace (256 rows first attending to 256 columns): one recompile.
         self._compiled = torch.compile(model, dynamic=True) if compile else None
         self._bias_ends: tuple[torch.Tensor, torch.Tensor] | None = None  # 0 and -inf for _additive
         self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0, "capture_s": 0.0}
@@ -302,9 +318,11 @@ class StaticDecoder:
             config._attn_implementation = GQA_DECODE
         try:
             compiled = self._compiled is not None and ids.shape[1] == 1
-            with no_duck_sizing() if compiled else contextlib.nullcontext():  # see __init__
-                call = self._compiled if compiled else self.model
-                out = call(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
+            if compiled and not slot.marked:  # see __init__
+                _mark_static_dims(slot.cache)
+                slot.marked = True
+            call = self._compiled if compiled else self.model
+            out = call(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1, **kwargs)
         finally:
             if swap:
                 config._attn_implementation = original
