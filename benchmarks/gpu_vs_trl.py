@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiturn_bench
 
 HERE = Path(__file__).resolve()
 MICRO = 16
+HISTORY = 4_000_000  # allocator events kept when AGENTRL_BENCH_MEMORY=1
 LR = 1e-6
 CHUNK = int(os.environ.get("AGENTRL_BENCH_CHUNK", "256"))  # token positions per log-softmax chunk
 
@@ -147,6 +148,9 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         # the environment already scores digits (an extra reward of the same name is refused)
     ]
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # experiments: extra key=value overrides
+    history = torch.cuda.is_available() and os.environ.get("AGENTRL_BENCH_MEMORY") == "1"
+    if history:  # every allocation with its stack, from before the first (memory_peak.py; slows the run)
+        torch.cuda.memory._record_memory_history(max_entries=HISTORY, stacks="python")
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
@@ -161,8 +165,15 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     sampled = statistics.median(r["rollout/tokens/sampled"] for r in later)
     stats = getattr(trainer.generator, "static", None)
     phases = {k: max(r[k] for r in rows) for k in ("perf/peak_gib_rollout", "perf/peak_gib_train") if k in rows[0]}
+    memory = None
+    if history:
+        from memory_peak import summarise
+
+        memory = summarise(torch.cuda.memory._snapshot())
+        memory["dropped"] = memory["events"] >= HISTORY
+        torch.cuda.memory._record_memory_history(enabled=None)
     return {
-        **phases,
+        **phases, "memory_at_peak": memory,
         "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled,
         "learn_s": statistics.median(r["perf/train_s"] for r in later),  # the learner: forward, backward, optimizer
         "total_s": total, "steps": len(rows), "static_decode": None if stats is None else stats.stats,

@@ -615,6 +615,30 @@ def test_keyed_gumbel_max_draws_the_tempered_distribution_from_each_rows_own_str
         assert len(set(draws.flatten().tolist())) > 30  # a row's successive draws are not stuck
 
 
+def test_the_compiled_samplers_compile_once_whatever_the_temperature_or_caller():
+    """The first draw of a batch (``sample_next``) passed ``1 / T`` as a float and the captured step
+    its own ``[1]`` tensor, so every process compiled the keyed sampler twice (recompile logs of an
+    H200 run), and a new temperature meant another compile. One tensor per temperature now."""
+    from torch._dynamo.utils import counters
+
+    from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max, inverse_temperature, sample_next
+
+    logits, n = torch.randn(8, 300), 8
+    streams = RowStreams(list(range(n)), torch.device("cpu"))
+    seeded = [torch.Generator().manual_seed(i) for i in range(n)]
+    sample_next(logits, [SamplingParams(temperature=0.7)] * n, seeded, fused=True, streams=streams)  # compiles, or finds
+    sample_next(logits, [SamplingParams(temperature=0.7)] * n, [None] * n, fused=True)
+    before = counters["stats"]["unique_graphs"]
+    for t in (1.3, 0.4):
+        tok, lp = sample_next(logits, [SamplingParams(temperature=t)] * n, seeded, fused=True, streams=streams)
+        assert torch.allclose(lp, (logits / t).log_softmax(-1).gather(1, tok[:, None]).squeeze(1), atol=1e-5)
+        sample_next(logits, [SamplingParams(temperature=t)] * n, [None] * n, fused=True)
+    step_inv_t = torch.full((1,), 1 / 0.9)  # what a captured static step passes (its own buffer, filled)
+    _compiled_keyed_gumbel_max()(logits[:5], streams.keys[:5], streams.counts[:5], step_inv_t)
+    assert counters["stats"]["unique_graphs"] == before
+    assert inverse_temperature(0.7, torch.device("cpu")) is inverse_temperature(0.7, "cpu")  # made once
+
+
 def test_a_seeded_request_on_the_compiled_static_path_is_the_same_alone_or_in_a_batch(model_path):
     """The compiled decode path (the CUDA default, compiled here on the CPU) draws seeded rows from
     device streams; a request must still not depend on its batch companions, and its seed matters."""

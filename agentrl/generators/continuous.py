@@ -15,7 +15,13 @@ import torch
 
 from agentrl.generators.base import FinishReason, Generation
 from agentrl.generators.decode_steps import EarlyStops, HostCopy, record
-from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max, one_setting, sample_next
+from agentrl.generators.sampling import (
+    RowStreams,
+    _compiled_keyed_gumbel_max,
+    inverse_temperature,
+    one_setting,
+    sample_next,
+)
 from agentrl.generators.static_decode import STOP_WIDTH
 
 if TYPE_CHECKING:
@@ -64,7 +70,8 @@ def decode_continuous(gen: TransformersGenerator, reqs: list[_Request]) -> list[
     in_step = temperature is not None and streams is not None and early.width <= STOP_WIDTH
     if in_step:
         assert streams is not None
-        tok, lp = _compiled_keyed_gumbel_max()(early.apply(logits), streams.keys[:n], streams.counts[:n], 1.0 / temperature)
+        inv_t = inverse_temperature(temperature, logits.device)
+        tok, lp = _compiled_keyed_gumbel_max()(early.apply(logits), streams.keys[:n], streams.counts[:n], inv_t)
         run.sample_in_steps(tok, streams.keys, early.ids, early.minimum, temperature)
         gen.stats["sampled_in_step"] += 1
     while True:

@@ -62,9 +62,10 @@ def sample_next(
     unseeded = all(g is None for g in generators)
     if uniform and fused and not filtered:
         if unseeded:
-            return _compiled_gumbel_max()(logits, 1.0 / first.temperature)
+            return _compiled_gumbel_max()(logits, inverse_temperature(first.temperature, logits.device))
         if streams is not None:
-            return _compiled_keyed_gumbel_max()(logits, streams.keys[:n], streams.counts[:n], 1.0 / first.temperature)
+            inv_t = inverse_temperature(first.temperature, logits.device)
+            return _compiled_keyed_gumbel_max()(logits, streams.keys[:n], streams.counts[:n], inv_t)
     if uniform and unseeded:  # one setting for the whole batch, no per-row seeds -> no index juggling
         x = logits.float() / first.temperature
         if filtered:
@@ -100,7 +101,23 @@ def sample_next(
     return tokens, logprobs
 
 
-def gumbel_max(logits: torch.Tensor, inverse_temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+_INVERSE_TEMPERATURES: dict[tuple[float, torch.device], torch.Tensor] = {}
+
+
+def inverse_temperature(temperature: float, device: torch.device) -> torch.Tensor:
+    """``1 / temperature`` as a ``[1]`` float32 tensor on ``device``, made once per (temperature, device).
+
+    The compiled samplers take it as a tensor everywhere: a Python float is a constant to dynamo,
+    so the first draw (a float) and the captured step's draws (its own tensor) compiled the keyed
+    sampler twice per process (recompile logs, H200), and every new temperature once more.
+    """
+    key = (float(temperature), torch.device(device))
+    if key not in _INVERSE_TEMPERATURES:
+        _INVERSE_TEMPERATURES[key] = torch.full((1,), 1.0 / temperature, dtype=torch.float32, device=device)
+    return _INVERSE_TEMPERATURES[key]
+
+
+def gumbel_max(logits: torch.Tensor, inverse_temperature: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One draw per row from ``softmax(logits * inverse_temperature)``: ``(tokens, logprobs)``.
 
     The same Gumbel-max race as :func:`_race`, written so that a compiler can fuse it: the
