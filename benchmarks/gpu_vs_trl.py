@@ -45,7 +45,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiturn_bench
 
 HERE = Path(__file__).resolve()
 MICRO = 16
-HISTORY = 4_000_000  # allocator events kept when AGENTRL_BENCH_MEMORY=1
 LR = 1e-6
 CHUNK = int(os.environ.get("AGENTRL_BENCH_CHUNK", "256"))  # token positions per log-softmax chunk
 
@@ -149,8 +148,10 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     ]
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # experiments: extra key=value overrides
     history = torch.cuda.is_available() and os.environ.get("AGENTRL_BENCH_MEMORY") == "1"
-    if history:  # every allocation with its stack, from before the first (memory_peak.py; slows the run)
-        torch.cuda.memory._record_memory_history(max_entries=HISTORY, stacks="python")
+    if history:  # every allocation with its stack, from before the first (profile_memory.py; slows the run)
+        import profile_memory
+
+        profile_memory.record()
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
@@ -165,15 +166,13 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
     sampled = statistics.median(r["rollout/tokens/sampled"] for r in later)
     stats = getattr(trainer.generator, "static", None)
     phases = {k: max(r[k] for r in rows) for k in ("perf/peak_gib_rollout", "perf/peak_gib_train") if k in rows[0]}
+    by_step = {k + "_by_step": [round(r[k], 3) for r in rows] for k in phases}  # does a phase's peak grow step by step?
     memory = None
     if history:
-        from memory_peak import summarise
-
-        memory = summarise(torch.cuda.memory._snapshot())
-        memory["dropped"] = memory["events"] >= HISTORY
+        memory = profile_memory.summarise(torch.cuda.memory._snapshot(), watch=tuple(os.environ.get("AGENTRL_BENCH_MEMORY_WATCH", "").split()))
         torch.cuda.memory._record_memory_history(enabled=None)
     return {
-        **phases, "memory_at_peak": memory,
+        **phases, **by_step, "memory_at_peak": memory,
         "step_s": step, "gen_s": gen, "train_s": step - gen, "sampled_tokens": sampled,
         "learn_s": statistics.median(r["perf/train_s"] for r in later),  # the learner: forward, backward, optimizer
         "total_s": total, "steps": len(rows), "static_decode": None if stats is None else stats.stats,

@@ -1,90 +1,63 @@
-"""Which allocations make up the training step's peak CUDA memory, grouped by the code that made them.
+"""Which allocations make up a run's peak CUDA memory, grouped by the code that made them.
 
-    python benchmarks/profile_memory.py --model <folder> [--row 8x8x256]
+    python benchmarks/profile_memory.py --model <folder> [--row 8x8x256] [--steps 3] [--watch modeling_layers.py:109]
+    AGENTRL_BENCH_MEMORY=1 python benchmarks/gpu_vs_trl.py ...   # the same summary in the agentrl run's result
 
-Runs two agentrl steps of the gpu_vs_trl.py single-turn setup with CUDA memory history recording,
-replays the allocation trace to find the peak, and prints the live bytes at that moment by the
-innermost agentrl/transformers/torch frame that allocated them.
+``max_memory_allocated`` says how high a run went, not what held the memory there. With
+``torch.cuda.memory._record_memory_history`` on from the start of the process, every allocation
+and free is an event with the Python stack that made it; replaying them finds the peak (overall,
+and while the rollout or the learning allocated) and what was alive at it, by call site, with the
+whole stack of one allocation of each of the largest sites and of any ``--watch`` site. Each
+site's ``event`` says when that allocation was made: one made in an early step and still alive
+at a later step's peak is what a leak looks like (the cuBLAS workspaces of 2026-11-29 in
+benchmarks/RESULTS.md were found so). Recording slows a run: do not time it.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
+import json
 import os
 import sys
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-
-def where(frames: list[dict]) -> str:
-    picked = []
-    for f in frames:
-        name = f.get("filename", "")
-        if any(k in name for k in ("agentrl", "transformers/models", "transformers/integrations", "torch/utils/checkpoint", "torch/optim", "accelerate")):
-            picked.append(f"{Path(name).name}:{f.get('line')} {f.get('name')}")
-        if len(picked) == 2:
-            break
-    return " <- ".join(picked) or (frames[0].get("name", "?") if frames else "?")
+HISTORY = 4_000_000  # allocator events kept; older ones are dropped (then the summary says so)
+# frames from these folders say who asked for the memory; torch's own frames say only how
+OURS = ("/agentrl/", "/transformers/", "/trl/", "/peft/", "/bitsandbytes/", "/benchmarks/", "/accelerate/")
 
 
-def main() -> None:
-    import gpu_vs_trl as bench
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--row", default="8x8x256")
-    args = ap.parse_args()
-    P, G, N = (int(x) for x in args.row.split("x"))
-    # Python stacks only: with C++ stacks too (the default, "all") the compiled training forward
-    # failed under recording on an H200 (SystemError from an autograd Function's apply, calls 22
-    # and 23 of benchmarks/RESULTS.md) and the learner fell back to eager, so its peak was not the
-    # default path's
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
-    os.environ.setdefault("AGENTRL_BENCH_EXTRA", "")
-    bench.run_agentrl(args.model, P, G, N, 2, cpu=False)
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    events = snap["device_traces"][0]
-    # pass 1: the total live bytes after each event, and the highest total reached while the
-    # rollout (a frame in agentrl/generators) or the learning (learner, logprobs, losses) allocated
-    sizes: dict[int, int] = {}
-    total, peaks = 0, {"rollout": (0, -1), "training": (0, -1)}
-    for i, event in enumerate(events):
-        action, addr, size = event["action"], event["addr"], event["size"]
-        if action == "alloc":
-            sizes[addr] = size
-            total += size
-            phase = phase_of(event.get("frames", []))
-            if phase and total > peaks[phase][0]:
-                peaks[phase] = (total, i)
-        elif action == "free_completed" and addr in sizes:
-            total -= sizes.pop(addr)
-    print("allocations made before recording started are not included")
-    for phase, (peak, at) in peaks.items():
-        if at < 0:
-            continue
-        # pass 2: what was live at that event, grouped by where it was allocated
-        live: dict[int, tuple[int, str]] = {}
-        for event in events[: at + 1]:
-            action, addr, size = event["action"], event["addr"], event["size"]
-            if action == "alloc":
-                live[addr] = (size, where(event.get("frames", [])))
-            elif action == "free_completed":
-                live.pop(addr, None)
-        by_site: collections.Counter[str] = collections.Counter()
-        for size, site in live.values():
-            by_site[site] += size
-        print(f"\n{phase} peak of traced allocations: {peak / 2**30:.2f} GiB (event {at} of {len(events)})")
-        for site, size in by_site.most_common(18):
-            print(f"{size / 2**30:7.2f} GiB  {site}")
-    print(f"\ntorch.cuda.max_memory_allocated: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
+def record() -> None:
+    """Start recording (Python stacks only: with C++ stacks too, the compiled training forward
+    failed under recording on an H200 (SystemError from an autograd Function's apply, calls 22
+    and 23 of benchmarks/RESULTS.md) and the learner fell back to eager)."""
+    torch.cuda.memory._record_memory_history(max_entries=HISTORY, stacks="python")
 
 
-def phase_of(frames: list[dict]) -> str | None:
+def _inner_first(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return frames[::-1] if frames and frames[0].get("name") == "<module>" else frames
+
+
+def _line(f: dict[str, Any]) -> str:
+    """``folder/file:line function``."""
+    return f"{f['filename'].rsplit('/', 2)[-2]}/{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
+
+
+def site(frames: list[dict[str, Any]], depth: int = 3) -> str:
+    """The innermost frame's function, then the innermost ``depth`` frames of ours."""
+    frames = _inner_first(frames)
+    if not frames:
+        return "(no Python stack: made by the autograd engine, e.g. a gradient)"
+    mine = [f for f in frames if any(k in f.get("filename", "") for k in OURS)][:depth] or frames[:1]
+    return f"{frames[0]['name']} @ " + " < ".join(_line(f) for f in mine)
+
+
+def phase_of(frames: list[dict[str, Any]]) -> str | None:
     """``rollout`` or ``training`` by the agentrl module that allocated, else None."""
     for f in frames:
         name = f.get("filename", "")
@@ -93,6 +66,86 @@ def phase_of(frames: list[dict]) -> str | None:
         if any(k in name for k in ("agentrl/learner", "agentrl/logprobs", "agentrl/losses", "torch/optim")):
             return "training"
     return None
+
+
+def summarise(snapshot: dict[str, Any], device: int = 0, top: int = 20, stacks: int = 6, watch: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The peaks of allocated bytes over the recorded events and what was alive at the highest.
+
+    Allocated bytes rise at ``alloc`` and fall at ``free_requested``, as the allocator's own
+    counter does (a free waiting on another stream is still freed memory to
+    ``max_memory_allocated``). Allocations from before the recording started are unknown.
+    """
+    events = snapshot["device_traces"][device]
+    total, peak, peak_at = 0, 0, -1
+    phases = {"rollout": (0, -1), "training": (0, -1)}
+    sizes: dict[int, int] = {}
+    for i, e in enumerate(events):
+        if e["action"] == "alloc":
+            sizes[e["addr"]] = e["size"]
+            total += e["size"]
+            if total > peak:
+                peak, peak_at = total, i
+            phase = phase_of(e.get("frames", []))
+            if phase and total > phases[phase][0]:
+                phases[phase] = (total, i)
+        elif e["action"] == "free_requested":
+            total -= sizes.pop(e["addr"], 0)
+    alive: dict[int, tuple[int, dict[str, Any]]] = {}
+    for i, e in enumerate(events[: peak_at + 1]):
+        if e["action"] == "alloc":
+            alive[e["addr"]] = (i, e)
+        elif e["action"] == "free_requested":
+            alive.pop(e["addr"], None)
+    by_site: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for i, e in alive.values():
+        by_site[site(e.get("frames", []))].append((i, e))
+    ranked = sorted(by_site.items(), key=lambda kv: -sum(e["size"] for _, e in kv[1]))
+    shown = [s for s, _ in ranked[:stacks]] + [s for s, _ in ranked[stacks:] if any(w in s for w in watch)]
+    gib = lambda b: round(b / 2**30, 3)
+    return {
+        "events": len(events),
+        "dropped": len(events) >= HISTORY,
+        "peak_gib": gib(peak),
+        "peak_event": peak_at,
+        "phase_peaks": {p: {"gib": gib(b), "event": at} for p, (b, at) in phases.items()},
+        "peak_made_by": site(events[peak_at].get("frames", []), depth=6) if peak_at >= 0 else None,
+        "sites": [{"gib": gib(sum(e["size"] for _, e in allocs)), "n": len(allocs), "site": s} for s, allocs in ranked[:top]],
+        "rest_gib": gib(sum(e["size"] for _, allocs in ranked[top:] for _, e in allocs)),
+        "stacks": [
+            {
+                "site": s, "event": by_site[s][0][0], "stream": by_site[s][0][1].get("stream"),
+                "sizes_mib": sorted({round(e["size"] / 2**20, 2) for _, e in by_site[s]})[:12],
+                "frames": [_line(f) for f in _inner_first(by_site[s][0][1].get("frames", []))[:30]],
+            }
+            for s in shown
+        ],
+    }
+
+
+def main() -> None:
+    import gpu_vs_trl as bench
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--row", default="8x8x256")
+    ap.add_argument("--steps", type=int, default=3, help="a leak shows as a site that grows step by step")
+    ap.add_argument("--watch", nargs="*", default=[], help="call sites (substrings) whose whole stacks are printed too")
+    args = ap.parse_args()
+    P, G, N = (int(x) for x in args.row.split("x"))
+    os.environ["AGENTRL_BENCH_MEMORY"] = "1"
+    os.environ["AGENTRL_BENCH_MEMORY_WATCH"] = " ".join(args.watch)
+    result = bench.run_agentrl(args.model, P, G, N, args.steps, cpu=False)
+    summary = result.pop("memory_at_peak")
+    print(json.dumps({k: v for k, v in result.items() if "peak" in k}, indent=1))
+    print(f"\npeak of traced allocations {summary['peak_gib']} GiB at event {summary['peak_event']} of {summary['events']}"
+          f"{' (oldest events dropped)' if summary['dropped'] else ''}; by phase: {summary['phase_peaks']}")
+    print(f"made by: {summary['peak_made_by']}\n")
+    for s in summary["sites"]:
+        print(f"{s['gib']:7.3f} GiB  {s['n']:5d}  {s['site']}")
+    for st in summary["stacks"]:
+        print(f"\n{st['site']}: first made at event {st['event']} on stream {st['stream']}, sizes (MiB) {st['sizes_mib']}")
+        print("    " + "\n    ".join(st["frames"]))
+
 
 if __name__ == "__main__":
     main()

@@ -127,6 +127,26 @@ def test_capturing_a_graph_keeps_the_allocators_cached_memory():
     assert torch.cuda.memory_reserved() >= reserved
 
 
+def test_rollouts_that_capture_again_do_not_grow_the_allocated_memory():
+    """Each capture used to run on two new CUDA streams, and cuBLAS keeps a workspace (32 MiB on
+    a Hopper card) per stream that multiplies: allocated memory grew by 0.19 GiB a training step
+    (8 x 8 x 256, H200) until torch's 32 pooled streams had all been used, ~1 GiB in all. The
+    decoder's two streams are made once; a rollout's graphs, freed after it, leave nothing behind."""
+    gen = TransformersGenerator(model(), 0, static_cache=True, gather_window_s=0.2)
+    prompts = [[(3 * i + j) % 500 + 1 for j in range(4 + i)] for i in range(6)]
+    after = []
+    for _ in range(5):
+        gen.begin_rollout()
+        out = generate(gen, prompts, SamplingParams(temperature=0, max_tokens=8), close=False)
+        assert all(len(o.token_ids) == 8 for o in out)
+        gen.end_rollout()  # frees the caches and graphs: the next rollout captures again
+        torch.cuda.synchronize()
+        after.append(torch.cuda.memory_allocated())
+    assert gen.static.stats["graphs_captured"] >= 5
+    assert after[-1] - after[1] < 4 * 2**20, [a / 2**20 for a in after]
+    anyio.run(gen.close)
+
+
 def test_defaults_decode_through_cuda_graphs_and_the_compiled_step():
     """With no generator settings, a supported model on CUDA gets the static cache, graphs and the
     compiled step (issue 13: the fast path is the default), and decodes like the eager graph path."""

@@ -599,7 +599,11 @@ def test_a_static_cache_is_sized_to_128_columns_and_a_live_one_that_fits_is_reus
 def test_keyed_gumbel_max_draws_the_tempered_distribution_from_each_rows_own_stream():
     """The compiled CUDA path's seeded sampler (eagerly and compiled on this CPU): the tempered
     distribution with exact log-probabilities, one stream per (key, count), whatever the batch."""
-    from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max, keyed_gumbel_max
+    from agentrl.generators.sampling import (
+        RowStreams,
+        _compiled_keyed_gumbel_max,
+        keyed_gumbel_max,
+    )
 
     for draw in (keyed_gumbel_max, _compiled_keyed_gumbel_max()):
         streams = RowStreams(list(range(4096)), torch.device("cpu"))  # 4096 seeds: 4096 independent draws
@@ -621,7 +625,12 @@ def test_the_compiled_samplers_compile_once_whatever_the_temperature_or_caller()
     H200 run), and a new temperature meant another compile. One tensor per temperature now."""
     from torch._dynamo.utils import counters
 
-    from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max, inverse_temperature, sample_next
+    from agentrl.generators.sampling import (
+        RowStreams,
+        _compiled_keyed_gumbel_max,
+        inverse_temperature,
+        sample_next,
+    )
 
     logits, n = torch.randn(8, 300), 8
     streams = RowStreams(list(range(n)), torch.device("cpu"))

@@ -203,6 +203,7 @@ class StaticDecoder:
         self.max_shapes = max_shapes
         self._slots: OrderedDict[tuple[int, int], _Slot] = OrderedDict()
         self._pool: Any = None
+        self._capture_streams: tuple[Any, Any] | None = None  # see _streams
         import inspect
 
         params = inspect.signature(model.forward).parameters
@@ -397,6 +398,19 @@ class StaticDecoder:
         assert slot.draw is not None
         return [slot.ids, slot.pos, slot.mask, slot.draw.count, slot.draw.column]
 
+    def _streams(self) -> tuple[Any, Any]:
+        """The warm-up and capture streams, made once per decoder on its device.
+
+        Not a new pair per capture: cuBLAS keeps a workspace (32 MiB on a Hopper card, plus 1 MiB
+        for cuBLASLt) for every stream that runs a matrix multiply, for the life of the process.
+        With two new streams per capture, 6 a step in an 8 x 8 x 256 run, the allocated memory
+        grew by 0.19 GiB a step until torch's pool of 32 streams per device had been handed out
+        once, ~1 GiB later (H200, benchmarks/memory_peak.py: the peak's allocations by stack).
+        """
+        if self._capture_streams is None:
+            self._capture_streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
+        return self._capture_streams
+
     def _capture(self, slot: _Slot, active: _Active, column: int) -> None:
         """Warm up on a side stream, then record the step; writes past ``column`` are overwritten later.
         Holds ``CAPTURE_LOCK``: no compiling on another thread while it captures."""
@@ -409,13 +423,13 @@ class StaticDecoder:
         # a sampled step moves its inputs on (next token, positions, counts, mask column): the
         # warm-up runs must leave them as they were; the capture only records
         saved = [t.clone() for t in self._moving(slot, active)]
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        warm, capture = self._streams()
+        warm.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(warm):
             for _ in range(2):
                 self._set_length(slot, column)
                 self._step(slot, active)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.current_stream(self.device).wait_stream(warm)
         for t, before in zip(self._moving(slot, active), saved, strict=True):
             t.copy_(before)
         self._set_length(slot, column)
@@ -432,8 +446,9 @@ class StaticDecoder:
         # cache, so every capture (one per rollout and new shape, since end_rollout frees the
         # graphs) handed the learner's cached blocks back to the driver, to be allocated again
         # by the next training step; with a learner on another thread it also waited for that
-        # learner's queued work. The capture itself needs none of it: its stream is new and idle.
-        with torch.cuda.stream(torch.cuda.Stream(self.device)):
+        # learner's queued work. The capture itself needs none of it: its stream only ever captures,
+        # so it is idle.
+        with torch.cuda.stream(capture):
             graph.capture_begin(self._pool, capture_error_mode="thread_local")
             try:
                 logits = self._step(slot, active)
