@@ -27,6 +27,14 @@ from agentrl.reference import Reference
 from agentrl.sharded import ShardedPolicy, full_tensor, lockstep_count
 
 
+# Compiled layers see sequence lengths padded up to a multiple of this. On CUDA inductor specialises
+# on whether a length is a multiple of 8 (its alignment guard), so the first micro-batch of another
+# kind compiled the layers again, mid-step (every GPU run's recompile log). The extra columns are
+# right padding after every row's last token: causal attention keeps them out of every real
+# position, and no log-prob is read there.
+ALIGN = 8
+
+
 @dataclass
 class LearnSettings:
     """The knobs of the learning side (taken from ``TrainConfig``)."""
@@ -129,6 +137,8 @@ class Learner:
         width = int(batch.lengths[idx].max())  # trim the padding every row of this micro-batch has
         keep = int((batch.lengths[idx] - batch.starts[idx]).max())
         ids = batch.input_ids[idx, :width].to(dev)
+        if self.compiled is not None and width % ALIGN:
+            ids = torch.nn.functional.pad(ids, (0, ALIGN - width % ALIGN))  # see ALIGN
         only = batch.loss_mask[idx, :keep] > 0 if s.score_sampled_only else None
         kwargs = dict(temperature=s.temperature, chunk_size=s.logprob_chunk_size, return_entropy=entropy, only=only, head=s.logprob_head)
         with self.accelerator.autocast(self._autocast):

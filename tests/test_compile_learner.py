@@ -175,6 +175,32 @@ def test_a_step_whose_rows_leave_one_over_compiles_the_layers_once():
     assert dynamo.utils.counters["stats"]["unique_graphs"] - before == 1
 
 
+def test_compiled_layers_see_lengths_padded_to_a_multiple_of_eight():
+    """On CUDA inductor guards on whether a sequence length is a multiple of 8, so the first
+    micro-batch of the other kind compiled the layers again (every GPU run's recompile log). The
+    compiled layers get right-padded lengths; the eager path keeps its own (the step's numbers are
+    the same: test_compiled_layers_give_the_eager_step)."""
+    seen: dict[str, list[int]] = {"no": [], "yes": []}
+    for compiled in seen:
+        model = tiny()
+        model.model.layers[0].register_forward_pre_hook(lambda _m, args, kw, c=compiled: seen[c].append((args[0] if args else kw["hidden_states"]).shape[1]), with_kwargs=True)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        settings = LearnSettings(
+            micro_batch_size=3, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=16,
+            max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1,
+        )
+        layers = None
+        if compiled == "yes":
+            layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+            layers.forwards = [torch.compile(layer.forward, dynamic=True, backend="eager") for layer in layers.layers]
+        learner = Learner(Accelerator(cpu=True), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
+                          Reference(model, "full", 0.0), LossConfig(loss_type="dapo"), settings, layers)
+        list(learner.learn(build_batch(groups(), pad_id=0), 0))
+    assert any(n % 8 for n in seen["no"])  # the batch has lengths that are not
+    assert seen["yes"] and all(n % 8 == 0 for n in seen["yes"])
+    assert sorted(set(seen["yes"])) == sorted({-(-n // 8) * 8 for n in seen["no"]})
+
+
 def test_a_first_micro_batch_as_long_as_the_head_dimension_does_not_fix_the_length():
     """Sequences of 32 tokens at the first trace, with 32-wide heads: under duck sizing their length
     shared a symbol with the rotary tables' head dimension and was fixed to 32, so every later

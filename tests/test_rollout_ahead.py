@@ -157,17 +157,21 @@ def race_a_compiled_call_with_tracing() -> torch.Tensor:
         tracer.join()
 
 
-def test_the_generators_compiled_step_survives_the_learner_compiling_on_another_thread(monkeypatch, tmp_path):
+def test_the_generators_compiled_step_survives_the_learner_compiling_on_another_thread(tmp_path):
     """With rollouts ahead, the generation copy's compiled decode step runs on its own thread while
     the learner's first steps compile its layers. FX's tracing flag is one for the process, so that
     call raised "using FX to symbolically trace a dynamo-optimized function" and every episode of
     the batch failed (H200, tests/test_generator_cuda.py). Starting rollouts ahead allows it."""
     from agentrl.compile_layers import allow_compiled_calls_beside_tracing
 
-    monkeypatch.setattr(torch._dynamo.config, "error_on_nested_fx_trace", True)  # torch's default; restored after
-    allow_compiled_calls_beside_tracing()
-    assert torch.equal(race_a_compiled_call_with_tracing(), torch.full((3,), 3.0))
+    # torch's default, restored after by dynamo's own patch: pytest's monkeypatch deletes the
+    # setting on undo, which hid it from torch.utils.checkpoint in every later test
+    before = torch._dynamo.config.error_on_nested_fx_trace
+    with torch._dynamo.config.patch(error_on_nested_fx_trace=True):
+        allow_compiled_calls_beside_tracing()
+        assert torch.equal(race_a_compiled_call_with_tracing(), torch.full((3,), 3.0))
     # and the trainer's rollouts ahead turn it on
-    monkeypatch.setattr(torch._dynamo.config, "error_on_nested_fx_trace", True)
-    train(tmp_path, "max_steps=1", "max_staleness=1")
-    assert torch.equal(race_a_compiled_call_with_tracing(), torch.full((3,), 3.0))
+    with torch._dynamo.config.patch(error_on_nested_fx_trace=True):
+        train(tmp_path, "max_steps=1", "max_staleness=1")
+        assert torch.equal(race_a_compiled_call_with_tracing(), torch.full((3,), 3.0))
+    assert torch._dynamo.config.error_on_nested_fx_trace is before
