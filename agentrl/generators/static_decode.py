@@ -405,7 +405,7 @@ class StaticDecoder:
         for cuBLASLt) for every stream that runs a matrix multiply, for the life of the process.
         With two new streams per capture, 6 a step in an 8 x 8 x 256 run, the allocated memory
         grew by 0.19 GiB a step until torch's pool of 32 streams per device had been handed out
-        once, ~1 GiB later (H200, benchmarks/memory_peak.py: the peak's allocations by stack).
+        once, ~1 GiB later (H200, benchmarks/profile_memory.py: the peak's allocations by stack).
         """
         if self._capture_streams is None:
             self._capture_streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
