@@ -102,6 +102,22 @@ def test_generation_copy_holds_weights_only_during_a_rollout():
     gen.end_rollout()
 
 
+def test_the_generation_copy_leaves_the_policys_input_grad_hook_behind():
+    """Checkpointed training makes the policy's input embeddings require grad through a forward
+    hook; the deep copy took it along, and the compiled decode step traced it and compiled it a
+    second time (recompile logs, H200). The copy decodes without it; the policy keeps it."""
+    model = tiny_model(1)
+    model.enable_input_require_grads()
+    gen = TransformersGenerator(model, pad_token_id=0, weights_dtype=torch.bfloat16)
+    assert len(model.get_input_embeddings()._forward_hooks) == 1
+    assert len(gen.model.get_input_embeddings()._forward_hooks) == 0
+    gen.begin_rollout()
+    assert generate(gen).token_ids == generate(TransformersGenerator(copy.deepcopy(model).to(torch.bfloat16), pad_token_id=0)).token_ids
+    gen.end_rollout()
+    ids = torch.tensor([[1, 2, 3]])
+    assert model.get_input_embeddings()(ids).requires_grad  # still there for training
+
+
 @pytest.mark.parametrize("weights_dtype", [None, torch.bfloat16], ids=["in-place", "copy"])
 def test_weights_from_a_path_load_into_any_transformers_generator(tmp_path, weights_dtype):
     """The form that crosses a process boundary: a saved folder."""

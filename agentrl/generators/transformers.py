@@ -133,6 +133,11 @@ class TransformersGenerator:
             if hasattr(model, "peft_config"):
                 raise ValueError("weights_dtype: a generation copy of a PEFT model is not supported; decode with the model itself")
             model = copy.deepcopy(model).to(weights_dtype).eval().requires_grad_(False)
+            if hasattr(model, "disable_input_require_grads"):
+                # the policy's hook for checkpointed training (its inputs must require grad) came
+                # along in the copy: it does nothing for decoding, and the compiled decode step
+                # traced it and compiled it again once per process (recompile logs, H200)
+                model.disable_input_require_grads()
             self._set_copy_weights(model, None)
         self._foreign = False  # the copy holds weights written by load_weights, not cast from source
         self.model = model
