@@ -101,6 +101,7 @@ def summarise(snapshot: dict[str, Any], device: int = 0, top: int = 20, stacks: 
         by_site[site(e.get("frames", []))].append((i, e))
     ranked = sorted(by_site.items(), key=lambda kv: -sum(e["size"] for _, e in kv[1]))
     shown = [s for s, _ in ranked[:stacks]] + [s for s, _ in ranked[stacks:] if any(w in s for w in watch)]
+    first = {s: min(by_site[s], key=lambda ie: ie[0]) for s in shown}  # the site's earliest allocation still alive
     gib = lambda b: round(b / 2**30, 3)
     return {
         "events": len(events),
@@ -113,9 +114,9 @@ def summarise(snapshot: dict[str, Any], device: int = 0, top: int = 20, stacks: 
         "rest_gib": gib(sum(e["size"] for _, allocs in ranked[top:] for _, e in allocs)),
         "stacks": [
             {
-                "site": s, "event": by_site[s][0][0], "stream": by_site[s][0][1].get("stream"),
+                "site": s, "event": first[s][0], "stream": first[s][1].get("stream"),
                 "sizes_mib": sorted({round(e["size"] / 2**20, 2) for _, e in by_site[s]})[:12],
-                "frames": [_line(f) for f in _inner_first(by_site[s][0][1].get("frames", []))[:30]],
+                "frames": [_line(f) for f in _inner_first(first[s][1].get("frames", []))[:30]],
             }
             for s in shown
         ],
@@ -131,6 +132,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="a leak shows as a site that grows step by step")
     ap.add_argument("--watch", nargs="*", default=[], help="call sites (substrings) whose whole stacks are printed too")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_memory.py records CUDA allocations: it needs a GPU")
     P, G, N = (int(x) for x in args.row.split("x"))
     os.environ["AGENTRL_BENCH_MEMORY"] = "1"
     os.environ["AGENTRL_BENCH_MEMORY_WATCH"] = " ".join(args.watch)
