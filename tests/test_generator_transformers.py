@@ -599,11 +599,7 @@ def test_a_static_cache_is_sized_to_128_columns_and_a_live_one_that_fits_is_reus
 def test_keyed_gumbel_max_draws_the_tempered_distribution_from_each_rows_own_stream():
     """The compiled CUDA path's seeded sampler (eagerly and compiled on this CPU): the tempered
     distribution with exact log-probabilities, one stream per (key, count), whatever the batch."""
-    from agentrl.generators.sampling import (
-        RowStreams,
-        _compiled_keyed_gumbel_max,
-        keyed_gumbel_max,
-    )
+    from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max, keyed_gumbel_max
 
     for draw in (keyed_gumbel_max, _compiled_keyed_gumbel_max()):
         streams = RowStreams(list(range(4096)), torch.device("cpu"))  # 4096 seeds: 4096 independent draws

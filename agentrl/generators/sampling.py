@@ -104,7 +104,7 @@ def sample_next(
 _INVERSE_TEMPERATURES: dict[tuple[float, torch.device], torch.Tensor] = {}
 
 
-def inverse_temperature(temperature: float, device: torch.device) -> torch.Tensor:
+def inverse_temperature(temperature: float, device: torch.device | str) -> torch.Tensor:
     """``1 / temperature`` as a ``[1]`` float32 tensor on ``device``, made once per (temperature, device).
 
     The compiled samplers take it as a tensor everywhere: a Python float is a constant to dynamo,
