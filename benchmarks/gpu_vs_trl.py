@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # multiturn_bench
 HERE = Path(__file__).resolve()
 MICRO = 16
 LR = 1e-6
-CHUNK = int(os.environ.get("AGENTRL_BENCH_CHUNK", "256"))  # token positions per log-softmax chunk
+CHUNK = os.environ.get("AGENTRL_BENCH_CHUNK")  # agentrl logprob_chunk_size for experiments (unset: its default)
 
 
 def digits(completion: str = "", completions: Any = None, **_: Any) -> Any:
@@ -140,12 +140,14 @@ def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> di
         f"model.path={model}", f"env={HERE}:make_env", f"env_args={{\"n\": {P * steps}}}", f"max_steps={steps}",
         f"prompts_per_step={P}", f"num_generations={G}", f"micro_batch_size={MICRO}", f"learning_rate={LR}",
         "adam_betas=[0.9,0.99]", "weight_decay=0", "max_grad_norm=1.0", "loss.loss_type=dapo", "loss.beta=0",
-        "sampling.temperature=1.0", f"logprob_chunk_size={CHUNK}", f"sampling.min_tokens={N}", f"rollout.max_tokens_per_turn={N}",
+        "sampling.temperature=1.0", f"sampling.min_tokens={N}", f"rollout.max_tokens_per_turn={N}",
         f"rollout.max_completion_tokens={N}", f"rollout.max_context={N + 128}", "rollout.max_turns=1",
         f"output_dir={out}", "samples_per_log=0", "save_final=false", "eval_every=0",
         f"precision={'fp32' if cpu else 'bf16'}", f"gradient_checkpointing={'false' if cpu else 'true'}",
         # the environment already scores digits (an extra reward of the same name is refused)
     ]
+    if CHUNK:
+        args.append(f"logprob_chunk_size={int(CHUNK)}")
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # experiments: extra key=value overrides
     history = torch.cuda.is_available() and os.environ.get("AGENTRL_BENCH_MEMORY") == "1"
     if history:  # every allocation with its stack, from before the first (profile_memory.py; slows the run)

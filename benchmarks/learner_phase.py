@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=None, help="every prompt this long (default: 20-60 tokens)")
     ap.add_argument("--micro", type=int, default=8)
-    ap.add_argument("--chunk", type=int, default=256, help="logprob_chunk_size (gpu_vs_trl.py uses 256)")
+    ap.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size (default: the trainer's)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--beta", type=float, default=0.0, help="> 0 adds the reference model's forward")
     ap.add_argument("--lr", type=float, default=1e-6)

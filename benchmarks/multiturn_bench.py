@@ -136,7 +136,6 @@ def agentrl_args(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> li
         "sampling.temperature=1.0", f"rollout.max_tokens_per_turn={MAX_COMPLETION}",
         f"rollout.max_completion_tokens={MAX_COMPLETION}", "rollout.max_context=1536", f"rollout.max_turns={MAX_TURNS}",
         f"output_dir={tempfile.mkdtemp(prefix='agentrl-mt-')}", f"samples_per_log={8 if os.environ.get('AGENTRL_MT_SAMPLES') else 0}", "save_final=false",
-        "logprob_chunk_size=256",
         *(["precision=bf16", "gradient_checkpointing=true"] if torch.cuda.is_available() else ["precision=fp32"]),  # decoder: defaults
     ]
 

@@ -15,6 +15,7 @@ import torch
 import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from agentrl import logprobs
 from agentrl.logprobs import completion_logprobs, linear_logprobs, token_logprobs
 from agentrl.train_setup import enable_gradient_checkpointing
 
@@ -84,6 +85,67 @@ def test_linear_logprobs_against_naive_with_bias_softcap_and_tiny_tiles():
     want = torch.autograd.grad((ref + ref**2).sum(), (h, w, b))
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, atol=5e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("sub", [logprobs.SUB_ELEMENTS, 13, 1])
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_row_blocks_of_a_tile_give_the_same_numbers(monkeypatch, sub, softcap):
+    """Tiles go to float32 a few rows at a time (one row, a few rows, the whole tile)."""
+    monkeypatch.setattr(logprobs, "SUB_ELEMENTS", sub)
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(29, 8, generator=g, requires_grad=True)
+    w = torch.randn(40, 8, generator=g, requires_grad=True)
+    b = torch.randn(40, generator=g, requires_grad=True)
+    t = torch.randint(0, 40, (29,), generator=g)
+    for entropy in (True, False):
+        lp, ent = linear_logprobs(h, w, t, bias=b, temperature=1.2, softcap=softcap, tile_rows=11, tile_cols=9, return_entropy=entropy)
+        y = h @ w.t() + b
+        if softcap:
+            y = torch.tanh(y / softcap) * softcap
+        logp = torch.log_softmax(y / 1.2, -1)
+        ref = logp.gather(1, t[:, None]).squeeze(1)
+        torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
+        if entropy:
+            torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=0)
+        got = torch.autograd.grad((lp * torch.arange(29.0)).sum(), (h, w, b))
+        want = torch.autograd.grad((ref * torch.arange(29.0)).sum(), (h, w, b))
+        for a, e in zip(got, want):
+            torch.testing.assert_close(a, e, atol=5e-5, rtol=1e-4)
+
+
+class _Largest(TorchDispatchMode):
+    """Records the largest tensor any op makes, per dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest: dict[torch.dtype, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.largest[t.dtype] = max(self.largest.get(t.dtype, 0), t.numel())
+        return out
+
+
+def test_a_bf16_tile_goes_to_float32_a_few_rows_at_a_time(monkeypatch):
+    """A bf16 product tile is never copied to float32 whole (the old head made a float32 copy of
+    every tile, and a second one for the entropy or the bf16 gradient: 2x the tile's bf16 bytes
+    and more at the head's peak); backward writes the gradient over the product it came from."""
+    monkeypatch.setattr(logprobs, "SUB_ELEMENTS", 1000)
+    g = torch.Generator().manual_seed(8)
+    h = torch.randn(64, 4, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(1000, 4, generator=g).bfloat16().requires_grad_()
+    t = torch.randint(0, 1000, (64,), generator=g)
+    with _Largest() as seen:
+        lp, _ = linear_logprobs(h, w, t, tile_rows=64, tile_cols=500, return_entropy=True)
+        lp.sum().backward()
+    tile = 64 * 500
+    assert seen.largest[torch.bfloat16] == tile  # the product, computed once per tile and pass
+    # float32: row blocks of 2 x 500, and the [V, H] weight-gradient sum (4,000)
+    assert seen.largest[torch.float32] <= 1000 * 4 < tile
+    naive = torch.log_softmax((h.float() @ w.float().t()), -1).gather(1, t[:, None]).squeeze(1)
+    assert (lp.detach() - naive).abs().max() < 0.1  # bf16 products
 
 
 def test_grad_into_leaf_accumulates_like_autograd():
@@ -167,3 +229,26 @@ def test_autocast_without_weight_cache_is_bit_identical():
     assert torch.equal(out[0][0], out[1][0])
     for name, g in out[0][1].items():
         assert torch.equal(out[1][1][name], g), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_head_peak_on_cuda_is_under_one_float32_tile():
+    """Under bf16 autocast the head's peak, forward and backward with entropies, stays under the
+    bytes of one float32 tile. The head before row blocks held a float32 copy of the tile beside
+    its bf16 product, and a second float32 tile for the entropy: about 2x."""
+    N, H, V = 4096, 256, 65536
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = torch.randn(N, H, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (0.02 * torch.randn(V, H, device="cuda", generator=g)).requires_grad_()
+    t = torch.randint(0, V, (N,), device="cuda", generator=g)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        lp, ent = linear_logprobs(h, w, t, tile_rows=N, tile_cols=V, return_entropy=True)
+    lp.sum().backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    assert torch.isfinite(lp).all() and torch.isfinite(ent).all() and torch.isfinite(w.grad).all()
+    assert peak < N * V * 4, f"head peak {peak / 2**20:.0f} MiB, one float32 tile {N * V * 4 / 2**20:.0f} MiB"
