@@ -13,11 +13,10 @@ Two heads compute the same numbers:
   full vocabulary (``tile_shape``), so the float32 working set equals the checkpointed head's,
   but with a large vocabulary it spans up to 4096 positions, so the [V, H] weight gradient is
   accumulated once per 4096 positions instead of once per ``chunk_size`` (at 152k x 896 each
-  accumulation is ~1 GB of memory traffic). The tile's product stays in the compute dtype (bf16
-  under autocast) and goes to float32 ``SUB_ELEMENTS`` elements at a time; backward writes the
-  logits' gradient over the product itself. So under bf16 the head's working set is half what a
-  float32 tile would take, which lets the default ``chunk_size`` keep tiles large (few tiles are
-  faster on a GPU; see docs/performance.md).
+  accumulation is ~1 GB of memory traffic). Under bf16 the tile's product and gradient are cast
+  ``PIECES`` columns at a time and the entropy is summed in place, so the head's working set is
+  one float32 tile and half a bf16 one (it was two float32 tiles); that lets the default
+  ``chunk_size`` keep tiles few and large, which a GPU needs (see ``_LinearLogprob``).
 - ``head="checkpoint"``: the head module runs on chunks of ``chunk_size`` positions under
   activation checkpointing (backward recomputes the chunk's logits). Used for heads that are not a
   plain linear layer (a PEFT adapter on ``lm_head``), and kept as the reference the fused head is
@@ -27,6 +26,7 @@ Two heads compute the same numbers:
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any, Literal
 
 import torch
@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 Head = Literal["fused", "checkpoint"]
 TILE_ROWS = 4096  # most positions per tile of the fused head (see tile_shape)
 MIN_TILE_COLS = 8192  # fewest vocabulary columns per tile, unless the vocabulary is smaller
-SUB_ELEMENTS = 1 << 24  # most elements of a tile in float32 at once (64 MiB; see _LinearLogprob)
+PIECES = 2  # a tile's narrow (bf16) product and gradient are made in this many column pieces
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -281,18 +281,26 @@ def linear_logprobs(
     return lp, ent
 
 
-def _row_blocks(rows: int, cols: int) -> list[tuple[int, int]]:
-    """Row ranges of a tile whose float32 copies hold at most ``SUB_ELEMENTS`` elements each."""
-    step = max(1, SUB_ELEMENTS // max(1, cols))
-    return [(s0, min(rows, s0 + step)) for s0 in range(0, rows, step)]
+def _pieces(c0: int, c1: int) -> list[tuple[int, int]]:
+    """``PIECES`` near-equal column ranges of the tile ``[c0, c1)``."""
+    n = max(1, min(PIECES, c1 - c0))
+    edges = [c0 + (c1 - c0) * i // n for i in range(n + 1)]
+    return list(itertools.pairwise(edges))
 
 
-def _finish(y: torch.Tensor, b: torch.Tensor | None, temperature: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """float32 tempered logits of some rows of a tile's product (and tanh of the capped logits, for
-    softcap's derivative). A float32 product is changed in place (every caller reads its rows once)."""
-    y = y.float()
+def _tile_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, c0: int, c1: int, temperature: float, softcap: float | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float32 tempered logits of the tile of columns ``[c0, c1)`` (and tanh of the capped logits,
+    for softcap's derivative). A product in a narrower dtype is made ``PIECES`` columns at a time
+    and copied into the float32 tile, so the tile and a whole narrow copy never exist together;
+    the logits are the narrow product's, rounded as ``nn.Linear`` under autocast rounds them."""
+    if w.dtype == torch.float32:
+        y = torch.mm(h, w[c0:c1].t())
+    else:
+        y = torch.empty((h.shape[0], c1 - c0), device=h.device, dtype=torch.float32)
+        for a, z in _pieces(c0, c1):
+            y[:, a - c0 : z - c0] = torch.mm(h, w[a:z].t())
     if b is not None:
-        y += b.float()
+        y += b[c0:c1].float()
     th = None
     if softcap:
         th = y.div_(softcap).tanh_()
@@ -303,51 +311,52 @@ def _finish(y: torch.Tensor, b: torch.Tensor | None, temperature: float, softcap
 
 
 class _LinearLogprob(torch.autograd.Function):
-    """Each tile's product stays in the compute dtype; its rows go to float32 a few at a time
-    (``_row_blocks``), and backward writes the logits' gradient over the product it came from. So a
-    bf16 tile costs half the float32 tile's bytes, and no second tile exists beside it."""
+    """One float32 tile at a time and nothing of its size beside it but a ``1 / PIECES`` narrow
+    piece: the entropy is summed from the exponentiated tile in place (``entr``), and backward
+    casts the logits' gradient to the compute dtype piece by piece for its two products.
+
+    The op count per tile matters as much as the bytes: on an H200 host the head's kernels are
+    launched faster than Python can issue them, so a tile costs its ~40 ops' dispatch whatever its
+    size (at 32 x 8 x 512, 4x the tiles made the learner 1.08 s slower a step)."""
 
     @staticmethod
     def forward(ctx: Any, hidden, weight, bias, targets, temperature, softcap, compute, tile_rows, tile_cols, want_entropy, into_leaf):  # type: ignore[override]
         N, V = hidden.shape[0], weight.shape[0]
         dev = hidden.device
         log_z = torch.empty(N, device=dev, dtype=torch.float32)
-        target_logit = torch.zeros(N, device=dev, dtype=torch.float32)
+        target_logit = torch.empty(N, device=dev, dtype=torch.float32)
         entropy = torch.empty(N if want_entropy else 0, device=dev, dtype=torch.float32)
-        run_max = torch.full((N,), float("-inf"), device=dev)
-        sum_exp = torch.zeros(N, device=dev)
-        sum_exp_y = torch.zeros(N if want_entropy else 0, device=dev)
         w = weight.to(compute)
         b = None if bias is None else bias.to(compute)
         for r0 in range(0, N, tile_rows):
             r1 = min(N, r0 + tile_rows)
             h = hidden[r0:r1].to(compute)
+            t = targets[r0:r1]
+            run_max = torch.full((r1 - r0,), float("-inf"), device=dev)
+            sum_exp = torch.zeros(r1 - r0, device=dev)
+            sum_exp_y = torch.zeros(r1 - r0, device=dev)
+            picked = torch.zeros(r1 - r0, device=dev)
             for c0 in range(0, V, tile_cols):
                 c1 = min(V, c0 + tile_cols)
-                prod = torch.mm(h, w[c0:c1].t())
-                for s0, s1 in _row_blocks(r1 - r0, c1 - c0):
-                    a, z = r0 + s0, r0 + s1
-                    y, _ = _finish(prod[s0:s1], None if b is None else b[c0:c1], temperature, softcap)
-                    t = targets[a:z]
-                    inside = (t >= c0) & (t < c1)
-                    got = y.gather(1, (t - c0).clamp(0, c1 - c0 - 1)[:, None]).squeeze(1)
-                    picked = target_logit[a:z]
-                    picked.copy_(torch.where(inside, got, picked))
-                    old_max = run_max[a:z]
-                    new_max = torch.maximum(old_max, y.amax(dim=1))
-                    rescale = torch.exp(old_max - new_max)
-                    if want_entropy:  # sum of e * y per row without another tile: a batched dot product
-                        e = (y - new_max[:, None]).exp_()
-                        sum_exp_y[a:z] = sum_exp_y[a:z] * rescale + torch.bmm(e[:, None, :], y[:, :, None]).view(-1)
-                    else:  # y is not needed again: exponentiate in place
-                        e = y.sub_(new_max[:, None]).exp_()
-                    sum_exp[a:z] = sum_exp[a:z] * rescale + e.sum(dim=1)
-                    old_max.copy_(new_max)
-                    del y, e
-                del prod
-        torch.add(run_max, torch.log(sum_exp), out=log_z)
-        if want_entropy:
-            torch.sub(log_z, sum_exp_y / sum_exp, out=entropy)
+                y, _ = _tile_logits(h, w, b, c0, c1, temperature, softcap)
+                inside = (t >= c0) & (t < c1)
+                got = y.gather(1, (t - c0).clamp(0, c1 - c0 - 1)[:, None]).squeeze(1)
+                picked = torch.where(inside, got, picked)
+                new_max = torch.maximum(run_max, y.amax(dim=1))
+                rescale = torch.exp(run_max - new_max)
+                e = y.sub_(new_max[:, None]).exp_()  # in place: the tile is now exp(y - max)
+                tile_sum = e.sum(dim=1)
+                if want_entropy:  # sum of e * y = sum of e * (y - max) + max * sum of e; entr(e) = -e log e
+                    e_y = torch.special.entr(e, out=e).sum(dim=1).neg_().addcmul_(new_max, tile_sum)
+                    sum_exp_y = sum_exp_y * rescale + e_y
+                sum_exp = sum_exp * rescale + tile_sum
+                run_max = new_max
+                del y, e
+            lz = run_max + torch.log(sum_exp)
+            log_z[r0:r1] = lz
+            target_logit[r0:r1] = picked
+            if want_entropy:
+                entropy[r0:r1] = lz - sum_exp_y / sum_exp
         ctx.save_for_backward(hidden, weight, bias, targets, log_z)
         ctx.settings = (temperature, softcap, compute, tile_rows, tile_cols, into_leaf)
         ctx.mark_non_differentiable(entropy)
@@ -368,32 +377,30 @@ class _LinearLogprob(torch.autograd.Function):
         for r0 in range(0, N, tile_rows):
             r1 = min(N, r0 + tile_rows)
             h = hidden[r0:r1].to(compute)
+            t, gr, lz = targets[r0:r1], g[r0:r1], log_z[r0:r1]
+            rows = torch.arange(r1 - r0, device=hidden.device)
             for c0 in range(0, V, tile_cols):
                 c1 = min(V, c0 + tile_cols)
-                d = torch.mm(h, w[c0:c1].t())  # becomes the logits' gradient, row block by row block
-                for s0, s1 in _row_blocks(r1 - r0, c1 - c0):
-                    a, z = r0 + s0, r0 + s1
-                    t, gr = targets[a:z], g[a:z]
-                    y, th = _finish(d[s0:s1], None if b is None else b[c0:c1], temperature, softcap)
-                    # d lp / d y = onehot(target) - softmax(y); times the incoming gradient, in place
-                    dy = y.sub_(log_z[a:z, None]).exp_().mul_(-gr[:, None])
-                    inside = (t >= c0) & (t < c1)
-                    rows = torch.arange(z - a, device=hidden.device)
-                    dy.index_put_((rows, (t - c0).clamp(0, c1 - c0 - 1)), torch.where(inside, gr, 0.0), accumulate=True)
-                    if temperature != 1.0:
-                        dy.div_(temperature)
-                    if th is not None:  # y = softcap * tanh(z / softcap): dy/dz = 1 - tanh^2
-                        dy.mul_(1.0 - th * th)
-                    if grad_b is not None:
-                        grad_b[c0:c1] += dy.sum(dim=0)
-                    if dy.data_ptr() != d[s0:s1].data_ptr():  # a float32 product was changed in place already
-                        d[s0:s1].copy_(dy)
-                    del y, dy, th
-                if grad_h is not None:
-                    _add_mm(grad_h[r0:r1], d, w[c0:c1])
-                if grad_w is not None:
-                    _add_mm(grad_w[c0:c1], d.t(), h)
-                del d
+                y, th = _tile_logits(h, w, b, c0, c1, temperature, softcap)
+                # d lp / d y = onehot(target) - softmax(y); times the incoming gradient, in place
+                dy = y.sub_(lz[:, None]).exp_().mul_(-gr[:, None])
+                inside = (t >= c0) & (t < c1)
+                dy.index_put_((rows, (t - c0).clamp(0, c1 - c0 - 1)), torch.where(inside, gr, 0.0), accumulate=True)
+                if temperature != 1.0:
+                    dy.div_(temperature)
+                if th is not None:  # y = softcap * tanh(z / softcap): dy/dz = 1 - tanh^2
+                    dy.mul_(1.0 - th * th)
+                if grad_b is not None:
+                    grad_b[c0:c1] += dy.sum(dim=0)
+                del y, th
+                for a, z in [(c0, c1)] if compute == torch.float32 else _pieces(c0, c1):
+                    d = dy[:, a - c0 : z - c0].to(compute)
+                    if grad_h is not None:
+                        _add_mm(grad_h[r0:r1], d, w[a:z])
+                    if grad_w is not None:
+                        _add_mm(grad_w[a:z], d.t(), h)
+                    del d
+                del dy
         out_w = None
         if grad_w is not None and grad_w is not weight.grad:
             out_w = grad_w.to(weight.dtype)
@@ -425,10 +432,8 @@ def _add_mm(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc.addmm_(a, b)
     elif a.is_cuda and _mm_out_dtype_works():
         torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
-    else:  # float32 copies of a slice of the shared dimension at a time, as the tiles' rows are
-        step = max(1, SUB_ELEMENTS // max(1, a.shape[0] + b.shape[1]))
-        for k0 in range(0, a.shape[1], step):
-            acc.addmm_(a[:, k0 : k0 + step].float(), b[k0 : k0 + step].float())
+    else:
+        acc.addmm_(a.float(), b.float())
 
 
 @functools.cache

@@ -87,63 +87,66 @@ def test_linear_logprobs_against_naive_with_bias_softcap_and_tiny_tiles():
         torch.testing.assert_close(a, e, atol=5e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("sub", [logprobs.SUB_ELEMENTS, 13, 1])
+@pytest.mark.parametrize("pieces", [1, 2, 3])
 @pytest.mark.parametrize("softcap", [None, 3.0])
-def test_row_blocks_of_a_tile_give_the_same_numbers(monkeypatch, sub, softcap):
-    """Tiles go to float32 a few rows at a time (one row, a few rows, the whole tile)."""
-    monkeypatch.setattr(logprobs, "SUB_ELEMENTS", sub)
+def test_bf16_tiles_in_pieces_give_the_products_numbers(monkeypatch, pieces, softcap):
+    """A bf16 tile's product and gradient are made a few columns at a time; the numbers are those
+    of whole-tile products (the same bf16 rounding), in any number of pieces."""
+    monkeypatch.setattr(logprobs, "PIECES", pieces)
     g = torch.Generator().manual_seed(3)
-    h = torch.randn(29, 8, generator=g, requires_grad=True)
-    w = torch.randn(40, 8, generator=g, requires_grad=True)
-    b = torch.randn(40, generator=g, requires_grad=True)
+    h = torch.randn(29, 8, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(40, 8, generator=g).bfloat16().requires_grad_()
     t = torch.randint(0, 40, (29,), generator=g)
-    for entropy in (True, False):
-        lp, ent = linear_logprobs(h, w, t, bias=b, temperature=1.2, softcap=softcap, tile_rows=11, tile_cols=9, return_entropy=entropy)
-        y = h @ w.t() + b
-        if softcap:
-            y = torch.tanh(y / softcap) * softcap
-        logp = torch.log_softmax(y / 1.2, -1)
-        ref = logp.gather(1, t[:, None]).squeeze(1)
-        torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
-        if entropy:
-            torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=0)
-        got = torch.autograd.grad((lp * torch.arange(29.0)).sum(), (h, w, b))
-        want = torch.autograd.grad((ref * torch.arange(29.0)).sum(), (h, w, b))
-        for a, e in zip(got, want):
-            torch.testing.assert_close(a, e, atol=5e-5, rtol=1e-4)
+    lp, ent = linear_logprobs(h, w, t, temperature=1.2, softcap=softcap, tile_rows=11, tile_cols=9, return_entropy=True)
+    y = (h @ w.t()).float()  # bf16 products, as the head and nn.Linear under autocast make them
+    if softcap:
+        y = torch.tanh(y / softcap) * softcap
+    logp = torch.log_softmax(y / 1.2, -1)
+    ref = logp.gather(1, t[:, None]).squeeze(1)
+    torch.testing.assert_close(lp, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=0)
+    got = torch.autograd.grad((lp * torch.arange(29.0)).sum(), (h, w))
+    want = torch.autograd.grad((ref * torch.arange(29.0)).sum(), (h, w))
+    for x, e in zip(got, want):  # bf16 gradients: one rounding apart at most
+        assert (x.float() - e.float()).abs().max() <= 1e-2 * e.float().abs().max(), (x, e)
 
 
-class _Largest(TorchDispatchMode):
-    """Records the largest tensor any op makes, per dtype."""
+class _Made(TorchDispatchMode):
+    """Records the dtype and size of every new tensor any op makes (not in-place results or views)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.largest: dict[torch.dtype, int] = {}
+        self.made: list[tuple[torch.dtype, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        given = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
         for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor):
-                self.largest[t.dtype] = max(self.largest.get(t.dtype, 0), t.numel())
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in given:
+                self.made.append((t.dtype, t.numel()))
         return out
 
+    def count(self, dtype: torch.dtype, at_least: int) -> int:
+        return sum(1 for d, n in self.made if d == dtype and n >= at_least)
 
-def test_a_bf16_tile_goes_to_float32_a_few_rows_at_a_time(monkeypatch):
-    """A bf16 product tile is never copied to float32 whole (the old head made a float32 copy of
-    every tile, and a second one for the entropy or the bf16 gradient: 2x the tile's bf16 bytes
-    and more at the head's peak); backward writes the gradient over the product it came from."""
-    monkeypatch.setattr(logprobs, "SUB_ELEMENTS", 1000)
+
+def test_a_bf16_tile_has_one_float32_copy_and_half_tile_pieces():
+    """Per tile and pass: one float32 tile, no second one (the head before made a second float32
+    tile for the entropy) and no whole bf16 tile (it made the bf16 product whole, and in backward
+    a whole bf16 copy of the gradient beside the float32 one)."""
     g = torch.Generator().manual_seed(8)
     h = torch.randn(64, 4, generator=g).bfloat16().requires_grad_()
     w = torch.randn(1000, 4, generator=g).bfloat16().requires_grad_()
     t = torch.randint(0, 1000, (64,), generator=g)
-    with _Largest() as seen:
+    tile, tiles = 64 * 500, 2
+    with _Made() as fwd:
         lp, _ = linear_logprobs(h, w, t, tile_rows=64, tile_cols=500, return_entropy=True)
+    with _Made() as bwd:
         lp.sum().backward()
-    tile = 64 * 500
-    assert seen.largest[torch.bfloat16] == tile  # the product, computed once per tile and pass
-    # float32: row blocks of 2 x 500, and the [V, H] weight-gradient sum (4,000)
-    assert seen.largest[torch.float32] <= 1000 * 4 < tile
+    for seen in (fwd, bwd):
+        assert seen.count(torch.float32, tile) == tiles
+        assert seen.count(torch.bfloat16, tile // logprobs.PIECES + 1) == 0
     naive = torch.log_softmax((h.float() @ w.float().t()), -1).gather(1, t[:, None]).squeeze(1)
     assert (lp.detach() - naive).abs().max() < 0.1  # bf16 products
 
@@ -233,10 +236,10 @@ def test_autocast_without_weight_cache_is_bit_identical():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_fused_head_peak_on_cuda_is_under_one_float32_tile():
-    """Under bf16 autocast the head's peak, forward and backward with entropies, stays under the
-    bytes of one float32 tile. The head before row blocks held a float32 copy of the tile beside
-    its bf16 product, and a second float32 tile for the entropy: about 2x."""
+def test_fused_head_peak_on_cuda_is_under_one_and_a_half_float32_tiles():
+    """Under bf16 autocast the head's peak, forward and backward with entropies, stays under 1.5x
+    the bytes of one float32 tile (one float32 tile, half a bf16 one, the [V, H] gradient). The
+    head before held two float32 tiles in the entropy's forward, 2x and more."""
     N, H, V = 4096, 256, 65536
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(N, H, device="cuda", generator=g).bfloat16().requires_grad_()
@@ -251,4 +254,4 @@ def test_fused_head_peak_on_cuda_is_under_one_float32_tile():
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     assert torch.isfinite(lp).all() and torch.isfinite(ent).all() and torch.isfinite(w.grad).all()
-    assert peak < N * V * 4, f"head peak {peak / 2**20:.0f} MiB, one float32 tile {N * V * 4 / 2**20:.0f} MiB"
+    assert peak < 1.5 * N * V * 4, f"head peak {peak / 2**20:.0f} MiB, one float32 tile {N * V * 4 / 2**20:.0f} MiB"
