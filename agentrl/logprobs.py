@@ -315,9 +315,10 @@ class _LinearLogprob(torch.autograd.Function):
     piece: the entropy is summed from the exponentiated tile in place (``entr``), and backward
     casts the logits' gradient to the compute dtype piece by piece for its two products.
 
-    The op count per tile matters as much as the bytes: on an H200 host the head's kernels are
-    launched faster than Python can issue them, so a tile costs its ~40 ops' dispatch whatever its
-    size (at 32 x 8 x 512, 4x the tiles made the learner 1.08 s slower a step)."""
+    The op count per tile matters as much as the bytes: on a GPU the head's kernels can run faster
+    than Python issues them, so a tile costs its ~65-90 ops' dispatch whatever its size (at 32 x 8
+    x 512 on an H200, 4x the tiles made the learner 1.08 s slower a step;
+    benchmarks/head_dispatch.py counts them)."""
 
     @staticmethod
     def forward(ctx: Any, hidden, weight, bias, targets, temperature, softcap, compute, tile_rows, tile_cols, want_entropy, into_leaf):  # type: ignore[override]
