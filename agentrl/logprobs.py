@@ -281,6 +281,12 @@ def linear_logprobs(
     return lp, ent
 
 
+def _target_tiles(targets: torch.Tensor, tile_cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each target's vocabulary tile and its column in it, once per row block rather than per tile."""
+    tile_of = torch.div(targets, tile_cols, rounding_mode="floor")
+    return tile_of, targets - tile_of * tile_cols
+
+
 def _pieces(c0: int, c1: int) -> list[tuple[int, int]]:
     """``PIECES`` near-equal column ranges of the tile ``[c0, c1)``."""
     n = max(1, min(PIECES, c1 - c0))
@@ -337,20 +343,20 @@ class _LinearLogprob(torch.autograd.Function):
             sum_exp = torch.zeros(r1 - r0, device=dev)
             sum_exp_y = torch.zeros(r1 - r0, device=dev)
             picked = torch.zeros(r1 - r0, device=dev)
-            for c0 in range(0, V, tile_cols):
+            tile_of, offset = _target_tiles(t, tile_cols)
+            for k, c0 in enumerate(range(0, V, tile_cols)):
                 c1 = min(V, c0 + tile_cols)
                 y, _ = _tile_logits(h, w, b, c0, c1, temperature, softcap)
-                inside = (t >= c0) & (t < c1)
-                got = y.gather(1, (t - c0).clamp(0, c1 - c0 - 1)[:, None]).squeeze(1)
-                picked = torch.where(inside, got, picked)
+                at = offset if c1 - c0 == tile_cols else offset.clamp(max=c1 - c0 - 1)
+                picked = torch.where(tile_of == k, y.gather(1, at[:, None]).squeeze(1), picked)
                 new_max = torch.maximum(run_max, y.amax(dim=1))
                 rescale = torch.exp(run_max - new_max)
                 e = y.sub_(new_max[:, None]).exp_()  # in place: the tile is now exp(y - max)
                 tile_sum = e.sum(dim=1)
                 if want_entropy:  # sum of e * y = sum of e * (y - max) + max * sum of e; entr(e) = -e log e
                     e_y = torch.special.entr(e, out=e).sum(dim=1).neg_().addcmul_(new_max, tile_sum)
-                    sum_exp_y = sum_exp_y * rescale + e_y
-                sum_exp = sum_exp * rescale + tile_sum
+                    sum_exp_y = torch.addcmul(e_y, sum_exp_y, rescale)
+                sum_exp = torch.addcmul(tile_sum, sum_exp, rescale)
                 run_max = new_max
                 del y, e
             lz = run_max + torch.log(sum_exp)
@@ -380,13 +386,14 @@ class _LinearLogprob(torch.autograd.Function):
             h = hidden[r0:r1].to(compute)
             t, gr, lz = targets[r0:r1], g[r0:r1], log_z[r0:r1]
             rows = torch.arange(r1 - r0, device=hidden.device)
-            for c0 in range(0, V, tile_cols):
+            tile_of, offset = _target_tiles(t, tile_cols)
+            for k, c0 in enumerate(range(0, V, tile_cols)):
                 c1 = min(V, c0 + tile_cols)
                 y, th = _tile_logits(h, w, b, c0, c1, temperature, softcap)
                 # d lp / d y = onehot(target) - softmax(y); times the incoming gradient, in place
                 dy = y.sub_(lz[:, None]).exp_().mul_(-gr[:, None])
-                inside = (t >= c0) & (t < c1)
-                dy.index_put_((rows, (t - c0).clamp(0, c1 - c0 - 1)), torch.where(inside, gr, 0.0), accumulate=True)
+                at = offset if c1 - c0 == tile_cols else offset.clamp(max=c1 - c0 - 1)
+                dy.index_put_((rows, at), gr * (tile_of == k), accumulate=True)
                 if temperature != 1.0:
                     dy.div_(temperature)
                 if th is not None:  # y = softcap * tanh(z / softcap): dy/dz = 1 - tanh^2
