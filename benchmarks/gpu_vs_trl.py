@@ -12,7 +12,9 @@ get the same single-turn prompts (TRL's dataset is built from the agentrl enviro
 messages), completions forced to full length (TRL: ``min_new_tokens``; agentrl: ``min_tokens``),
 temperature 1, loss dapo, beta 0, one iteration, AdamW (fused on CUDA) lr 1e-6 betas (0.9, 0.99),
 no weight decay, grad-norm clip 1, bf16 autocast over fp32 master weights, gradient checkpointing,
-micro-batches of 16 sequences. Each (framework, row) runs in its own process, so peak memory is
+micro-batches of 16 sequences; agentrl's own settings (generator, compiles, ``logprob_chunk_size``)
+at their defaults (``AGENTRL_BENCH_CHUNK``/``AGENTRL_BENCH_EXTRA`` change them for experiments).
+Each (framework, row) runs in its own process, so peak memory is
 that run's alone. Step time is the median over the steps after the first (warm-up). Reward: the
 share of digits in the completion (random weights: it only has to vary within groups).
 
