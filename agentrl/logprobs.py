@@ -287,9 +287,16 @@ def _target_tiles(targets: torch.Tensor, tile_cols: int) -> tuple[torch.Tensor, 
     return tile_of, targets - tile_of * tile_cols
 
 
-def _pieces(c0: int, c1: int) -> list[tuple[int, int]]:
-    """``PIECES`` near-equal column ranges of the tile ``[c0, c1)``."""
-    n = max(1, min(PIECES, c1 - c0))
+def _column_in(offset: torch.Tensor, c0: int, c1: int, tile_cols: int) -> torch.Tensor:
+    """The targets' columns as indices into the tile ``[c0, c1)``: a short last tile clamps the
+    columns of targets outside it (their values are masked out by the caller)."""
+    return offset if c1 - c0 == tile_cols else offset.clamp(max=c1 - c0 - 1)
+
+
+def _pieces(c0: int, c1: int, dtype: torch.dtype) -> list[tuple[int, int]]:
+    """Column ranges of the tile ``[c0, c1)`` whose products are made one at a time: the whole tile
+    in float32 (the product is the tile), else ``PIECES`` near-equal ones."""
+    n = 1 if dtype == torch.float32 else max(1, min(PIECES, c1 - c0))
     edges = [c0 + (c1 - c0) * i // n for i in range(n + 1)]
     return list(itertools.pairwise(edges))
 
@@ -303,7 +310,7 @@ def _tile_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, c0: i
         y = torch.mm(h, w[c0:c1].t())
     else:
         y = torch.empty((h.shape[0], c1 - c0), device=h.device, dtype=torch.float32)
-        for a, z in _pieces(c0, c1):
+        for a, z in _pieces(c0, c1, w.dtype):
             y[:, a - c0 : z - c0] = torch.mm(h, w[a:z].t())
     if b is not None:
         y += b[c0:c1].float()
@@ -347,7 +354,7 @@ class _LinearLogprob(torch.autograd.Function):
             for k, c0 in enumerate(range(0, V, tile_cols)):
                 c1 = min(V, c0 + tile_cols)
                 y, _ = _tile_logits(h, w, b, c0, c1, temperature, softcap)
-                at = offset if c1 - c0 == tile_cols else offset.clamp(max=c1 - c0 - 1)
+                at = _column_in(offset, c0, c1, tile_cols)
                 picked = torch.where(tile_of == k, y.gather(1, at[:, None]).squeeze(1), picked)
                 new_max = torch.maximum(run_max, y.amax(dim=1))
                 rescale = torch.exp(run_max - new_max)
@@ -392,8 +399,7 @@ class _LinearLogprob(torch.autograd.Function):
                 y, th = _tile_logits(h, w, b, c0, c1, temperature, softcap)
                 # d lp / d y = onehot(target) - softmax(y); times the incoming gradient, in place
                 dy = y.sub_(lz[:, None]).exp_().mul_(-gr[:, None])
-                at = offset if c1 - c0 == tile_cols else offset.clamp(max=c1 - c0 - 1)
-                dy.index_put_((rows, at), gr * (tile_of == k), accumulate=True)
+                dy.index_put_((rows, _column_in(offset, c0, c1, tile_cols)), gr * (tile_of == k), accumulate=True)
                 if temperature != 1.0:
                     dy.div_(temperature)
                 if th is not None:  # y = softcap * tanh(z / softcap): dy/dz = 1 - tanh^2
@@ -401,7 +407,7 @@ class _LinearLogprob(torch.autograd.Function):
                 if grad_b is not None:
                     grad_b[c0:c1] += dy.sum(dim=0)
                 del y, th
-                for a, z in [(c0, c1)] if compute == torch.float32 else _pieces(c0, c1):
+                for a, z in _pieces(c0, c1, compute):
                     d = dy[:, a - c0 : z - c0].to(compute)
                     if grad_h is not None:
                         _add_mm(grad_h[r0:r1], d, w[a:z])
