@@ -145,7 +145,11 @@ class Learner:
             if self.sharded:  # FSDP2 reduce-scatters the leaves' gradients: nothing is written into them directly
                 out = model(ids, batch.starts[idx].to(dev), keep, **kwargs)
             else:  # the learner only ever calls .backward(), so the head may write its weight gradient itself
-                out = completion_logprobs(model, ids, batch.starts[idx], keep, grad_into_leaf=torch.is_grad_enabled(), **kwargs)  # type: ignore[arg-type]
+                # the head's tiles compile where the layers do: in the training step (under CAPTURE_LOCK at the first)
+                training = torch.is_grad_enabled()
+                out = completion_logprobs(  # type: ignore[misc]
+                    model, ids, batch.starts[idx], keep, grad_into_leaf=training, compiled_head=training and self.compiled is not None, **kwargs  # type: ignore[arg-type]
+                )
         return out, keep
 
     def _lockstep(self, micro: list[torch.Tensor]) -> list[tuple[torch.Tensor, bool]]:

@@ -16,7 +16,9 @@ Two heads compute the same numbers:
   accumulation is ~1 GB of memory traffic). Under bf16 the tile's product and gradient are cast
   ``PIECES`` columns at a time and the entropy is summed in place, so the head's working set is
   one float32 tile and half a bf16 one (it was two float32 tiles); that lets the default
-  ``chunk_size`` keep tiles few and large, which a GPU needs (see ``_LinearLogprob``).
+  ``chunk_size`` keep tiles few and large, which a GPU needs (see ``_LinearLogprob``). When the
+  learner compiles its layers, each tile's work after the product is one compiled kernel
+  (``agentrl.head_tiles``) and no float32 tile is made at all.
 - ``head="checkpoint"``: the head module runs on chunks of ``chunk_size`` positions under
   activation checkpointing (backward recomputes the chunk's logits). Used for heads that are not a
   plain linear layer (a PEFT adapter on ``lm_head``), and kept as the reference the fused head is
@@ -32,6 +34,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from agentrl import head_tiles
 
 
 Head = Literal["fused", "checkpoint"]
@@ -129,6 +133,7 @@ def completion_logprobs(
     only: torch.Tensor | None = None,
     head: Head = "fused",
     grad_into_leaf: bool = False,
+    compiled_head: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities [B, width] of each row's completion, for right-padded rows.
 
@@ -145,7 +150,8 @@ def completion_logprobs(
     ``only`` ([B, width] bool, optional): score just these positions (the sampled tokens); the
     others are 0 with no gradient. The output head is the costliest part of the training forward
     at a 150k vocabulary, and a multi-turn row's tool results and padding need no log-prob.
-    ``grad_into_leaf``: see ``linear_logprobs`` (the learner, which only calls ``.backward()``).
+    ``grad_into_leaf`` and ``compiled_head`` (``compiled`` there): see ``linear_logprobs`` (the
+    learner, which only calls ``.backward()`` and compiles its layers on a GPU).
     """
     _check(temperature, chunk_size, head)
     B, L = input_ids.shape
@@ -167,7 +173,7 @@ def completion_logprobs(
         r, c = rows.reshape(-1), cols.reshape(-1)
     h = hidden[r, c - 1]  # position p predicts token p + 1
     targets = input_ids[r, c]
-    logprobs, entropy = _head_logprobs(model, h, targets, temperature, chunk_size, return_entropy, head, grad_into_leaf)
+    logprobs, entropy = _head_logprobs(model, h, targets, temperature, chunk_size, return_entropy, head, grad_into_leaf, compiled_head)
     if only is not None:
         full = logprobs.new_zeros(B * width).index_put((keep,), logprobs)
         logprobs = full
@@ -197,7 +203,7 @@ def _parts(model: Any) -> tuple[Any, Any]:
 
 def _head_logprobs(
     model: Any, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size: int, want_entropy: bool, head: Head,
-    grad_into_leaf: bool = False,
+    grad_into_leaf: bool = False, compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """[N] log-probs (and entropies) of ``targets`` from [N, H] hidden states, through the chosen head."""
     module = model.get_output_embeddings()
@@ -207,6 +213,7 @@ def _head_logprobs(
         return linear_logprobs(
             hidden, module.weight, targets, bias=module.bias, temperature=temperature, softcap=softcap,
             tile_rows=rows, tile_cols=cols, return_entropy=want_entropy, grad_into_leaf=grad_into_leaf,
+            compiled=compiled,
         )
     return _chunked_head(module, hidden, targets, temperature, softcap, chunk_size, want_entropy)
 
@@ -253,6 +260,7 @@ def linear_logprobs(
     tile_cols: int = 16384,
     return_entropy: bool = False,
     grad_into_leaf: bool = False,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``log_softmax(softcap(hidden @ weight.T + bias) / temperature)[n, targets[n]]`` for [N, H]
     ``hidden``, and the entropies (no gradient; an empty tensor unless ``return_entropy``), float32.
@@ -264,6 +272,9 @@ def linear_logprobs(
     leaf ``weight`` that already has a float32 ``.grad`` (the second micro-batch of a step on) gets
     its gradient added there directly instead of through a fresh [V, H] float32 buffer that the
     autograd engine would add in: 0.5 GiB less at the moment of the step's peak for a 152k x 896 head.
+    ``compiled``: each tile's work after its product runs as one compiled kernel (``agentrl.head_tiles``;
+    heads without a bias or softcap), and no tile larger than ``tile_rows x tile_cols`` in the compute
+    dtype is made at all. The learner asks for it when it compiles its layers.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1] or targets.shape != hidden.shape[:1]:
         raise ValueError(f"linear_logprobs wants hidden [N, H], weight [V, H], targets [N]; got {tuple(hidden.shape)}, {tuple(weight.shape)}, {tuple(targets.shape)}")
@@ -276,7 +287,8 @@ def linear_logprobs(
         compute = torch.promote_types(hidden.dtype, weight.dtype)
     with torch.autocast(dev, enabled=False):
         lp, ent = _LinearLogprob.apply(
-            hidden, weight, bias, targets.long(), float(temperature), softcap, compute, tile_rows, tile_cols, return_entropy, grad_into_leaf
+            hidden, weight, bias, targets.long(), float(temperature), softcap, compute, tile_rows, tile_cols, return_entropy, grad_into_leaf,
+            compiled,
         )
     return lp, ent
 
@@ -334,8 +346,9 @@ class _LinearLogprob(torch.autograd.Function):
     benchmarks/head_dispatch.py counts them)."""
 
     @staticmethod
-    def forward(ctx: Any, hidden, weight, bias, targets, temperature, softcap, compute, tile_rows, tile_cols, want_entropy, into_leaf):  # type: ignore[override]
+    def forward(ctx: Any, hidden, weight, bias, targets, temperature, softcap, compute, tile_rows, tile_cols, want_entropy, into_leaf, compiled):  # type: ignore[override]
         N, V = hidden.shape[0], weight.shape[0]
+        fast = compiled and bias is None and not softcap
         dev = hidden.device
         log_z = torch.empty(N, device=dev, dtype=torch.float32)
         target_logit = torch.empty(N, device=dev, dtype=torch.float32)
@@ -353,6 +366,12 @@ class _LinearLogprob(torch.autograd.Function):
             tile_of, offset = _target_tiles(t, tile_cols)
             for k, c0 in enumerate(range(0, V, tile_cols)):
                 c1 = min(V, c0 + tile_cols)
+                if fast:  # one compiled reduction over the narrow product (agentrl.head_tiles)
+                    run_max, sum_exp, sum_exp_y, picked = head_tiles.compiled("tile_stats")(
+                        torch.mm(h, w[c0:c1].t()), run_max, sum_exp, sum_exp_y, picked, tile_of == k,
+                        _column_in(offset, c0, c1, tile_cols), temperature, want_entropy,
+                    )
+                    continue
                 y, _ = _tile_logits(h, w, b, c0, c1, temperature, softcap)
                 at = _column_in(offset, c0, c1, tile_cols)
                 picked = torch.where(tile_of == k, y.gather(1, at[:, None]).squeeze(1), picked)
@@ -372,14 +391,14 @@ class _LinearLogprob(torch.autograd.Function):
             if want_entropy:
                 entropy[r0:r1] = lz - sum_exp_y / sum_exp
         ctx.save_for_backward(hidden, weight, bias, targets, log_z)
-        ctx.settings = (temperature, softcap, compute, tile_rows, tile_cols, into_leaf)
+        ctx.settings = (temperature, softcap, compute, tile_rows, tile_cols, into_leaf, fast)
         ctx.mark_non_differentiable(entropy)
         return target_logit - log_z, entropy
 
     @staticmethod
     def backward(ctx: Any, grad_lp: torch.Tensor, _grad_entropy: Any):  # type: ignore[override]
         hidden, weight, bias, targets, log_z = ctx.saved_tensors
-        temperature, softcap, compute, tile_rows, tile_cols, into_leaf = ctx.settings
+        temperature, softcap, compute, tile_rows, tile_cols, into_leaf, fast = ctx.settings
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         N, V = hidden.shape[0], weight.shape[0]
         g = grad_lp.float()
@@ -396,6 +415,15 @@ class _LinearLogprob(torch.autograd.Function):
             tile_of, offset = _target_tiles(t, tile_cols)
             for k, c0 in enumerate(range(0, V, tile_cols)):
                 c1 = min(V, c0 + tile_cols)
+                if fast:  # the product becomes the logits' gradient in place, in the compute dtype
+                    d = torch.mm(h, w[c0:c1].t())
+                    head_tiles.compiled("tile_grad_")(d, lz, gr, tile_of == k, _column_in(offset, c0, c1, tile_cols), temperature)
+                    if grad_h is not None:
+                        _add_mm(grad_h[r0:r1], d, w[c0:c1])
+                    if grad_w is not None:
+                        _add_mm(grad_w[c0:c1], d.t(), h)
+                    del d
+                    continue
                 y, th = _tile_logits(h, w, b, c0, c1, temperature, softcap)
                 # d lp / d y = onehot(target) - softmax(y); times the incoming gradient, in place
                 dy = y.sub_(lz[:, None]).exp_().mul_(-gr[:, None])
@@ -422,7 +450,7 @@ class _LinearLogprob(torch.autograd.Function):
             None if grad_h is None else grad_h.to(hidden.dtype),
             out_w,
             None if grad_b is None else grad_b.to(bias.dtype),
-            None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None,
         )
 
 

@@ -18,6 +18,7 @@ import transformers
 from accelerate import Accelerator
 from test_learner_fastpath import V, groups
 
+from agentrl import head_tiles
 from agentrl.batch import build_batch
 from agentrl.compile_layers import CompiledLayers, compile_layers, decoder_layers
 from agentrl.learner import Learner, LearnSettings
@@ -65,9 +66,13 @@ def eager():
     return train("no")
 
 
-def test_compiled_layers_give_the_eager_step(eager):
+def test_compiled_layers_give_the_eager_step(eager, monkeypatch):
+    asked = []
+    real = head_tiles.compiled
+    monkeypatch.setattr(head_tiles, "compiled", lambda name: asked.append(name) or real(name))
     metrics, weights, model, learner = train("yes")
     assert learner.compiled is not None and learner.compiled.proven
+    assert {"tile_stats", "tile_grad_"} <= set(asked)  # the head's tiles compile with the layers
     for a, b in zip(eager[0], metrics):
         assert abs(a["grad_norm"]) > 1e-4
         for key in ("loss/loss", "grad_norm"):
@@ -155,7 +160,8 @@ def test_when_the_layers_are_compiled():
 
 def test_a_step_whose_rows_leave_one_over_compiles_the_layers_once():
     """8 rows in micro-batches of 7 would leave a micro-batch of one row, which the compiled layers
-    specialise (a second compile, mid-run on a GPU); the learner splits 6 + 2 instead."""
+    specialise (a second compile, mid-run on a GPU); the learner splits 6 + 2 instead. Three graphs
+    in all: the layers', and the head's two tile functions (each once, whatever its tiles' sizes)."""
     import torch._dynamo as dynamo
 
     dynamo.reset()  # compile afresh: one graph for the layers, whatever earlier tests compiled
@@ -172,7 +178,7 @@ def test_a_step_whose_rows_leave_one_over_compiles_the_layers_once():
     batch = build_batch(groups(), pad_id=0)
     assert len(batch) == 8
     list(learner.learn(batch, 0))
-    assert dynamo.utils.counters["stats"]["unique_graphs"] - before == 1
+    assert dynamo.utils.counters["stats"]["unique_graphs"] - before == 3
 
 
 def test_compiled_layers_see_lengths_padded_to_a_multiple_of_eight():
@@ -236,7 +242,7 @@ def test_compiled_layers_on_cuda_bf16_autocast():
     def run(compiled: bool, bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
         model.zero_grad(set_to_none=True)
         with layers.active() if compiled else contextlib.nullcontext(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            lp = completion_logprobs(model, ids, starts, 40 - 5)
+            lp = completion_logprobs(model, ids, starts, 40 - 5, compiled_head=compiled)
             lp.sum().backward()
         return lp.float().detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
 
