@@ -348,6 +348,8 @@ class _LinearLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden, weight, bias, targets, temperature, softcap, compute, tile_rows, tile_cols, want_entropy, into_leaf, compiled):  # type: ignore[override]
         N, V = hidden.shape[0], weight.shape[0]
+        # compiled tiles for plain heads; a block of one row takes the eager tiles, since the
+        # compiled functions specialise a size of 1 and would compile again mid-run
         fast = compiled and bias is None and not softcap
         dev = hidden.device
         log_z = torch.empty(N, device=dev, dtype=torch.float32)
@@ -366,7 +368,7 @@ class _LinearLogprob(torch.autograd.Function):
             tile_of, offset = _target_tiles(t, tile_cols)
             for k, c0 in enumerate(range(0, V, tile_cols)):
                 c1 = min(V, c0 + tile_cols)
-                if fast:  # one compiled reduction over the narrow product (agentrl.head_tiles)
+                if fast and r1 - r0 > 1:  # one compiled reduction over the narrow product (agentrl.head_tiles)
                     run_max, sum_exp, sum_exp_y, picked = head_tiles.compiled("tile_stats")(
                         torch.mm(h, w[c0:c1].t()), run_max, sum_exp, sum_exp_y, picked, tile_of == k,
                         _column_in(offset, c0, c1, tile_cols), temperature, want_entropy,
@@ -415,7 +417,7 @@ class _LinearLogprob(torch.autograd.Function):
             tile_of, offset = _target_tiles(t, tile_cols)
             for k, c0 in enumerate(range(0, V, tile_cols)):
                 c1 = min(V, c0 + tile_cols)
-                if fast:  # the product becomes the logits' gradient in place, in the compute dtype
+                if fast and r1 - r0 > 1:  # the product becomes the logits' gradient in place, in the compute dtype
                     d = torch.mm(h, w[c0:c1].t())
                     head_tiles.compiled("tile_grad_")(d, lz, gr, tile_of == k, _column_in(offset, c0, c1, tile_cols), temperature)
                     if grad_h is not None:

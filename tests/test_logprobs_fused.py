@@ -187,6 +187,28 @@ def test_compiled_tiles_add_into_the_leafs_grad():
     torch.testing.assert_close(_head_run(True, False, into_leaf=True)[3], _head_run(False, False, into_leaf=True)[3], atol=1e-5, rtol=1e-5)
 
 
+def test_compiled_tiles_compile_once_for_any_number_of_positions():
+    """A micro-batch's sampled positions set the last row block's size; one of 1 row (here 65 =
+    2 x 32 + 1) would make the compiled functions specialise and compile again mid-run. Such a
+    block takes the eager tiles: two graphs in all, the same numbers."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    before = dynamo.utils.counters["stats"]["unique_graphs"]
+    g = torch.Generator().manual_seed(12)
+    w = (0.3 * torch.randn(500, 16, generator=g)).requires_grad_()
+    for n in (70, 65, 33, 40):
+        h = torch.randn(n, 16, generator=g).requires_grad_()
+        t = torch.randint(0, 500, (n,), generator=g)
+        out = {}
+        for compiled in (False, True):
+            lp, ent = linear_logprobs(h, w, t, temperature=0.8, tile_rows=32, tile_cols=150, return_entropy=True, compiled=compiled)
+            out[compiled] = (lp.detach(), ent, *torch.autograd.grad(lp.sum(), (h, w)))
+        for a, c in zip(out[False], out[True]):
+            torch.testing.assert_close(c, a, atol=1e-5, rtol=1e-5)
+    assert dynamo.utils.counters["stats"]["unique_graphs"] - before == 2
+
+
 @pytest.mark.parametrize(("bias", "softcap"), [(True, None), (False, 3.0)])
 def test_compiled_tiles_leave_heads_with_bias_or_softcap_to_the_eager_tiles(monkeypatch, bias, softcap):
     """The compiled tiles cover plain heads; a bias or softcap takes the eager tiles, the same numbers."""
