@@ -77,7 +77,7 @@ class TrainConfig(Strict):
     warmup_steps: int = Field(0, ge=0, description="linear warmup steps of the schedule")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory, ~30% slower)")
     compile_learner: bool | None = Field(
-        None, description="torch.compile the decoder layers for the training forward and backward (null: on for full fine-tuning on CUDA, off on CPU, for PEFT and under FSDP2)"
+        None, description="torch.compile the decoder layers and the output head's tiles for the training forward and backward (null: on for full fine-tuning on CUDA, off on CPU, for PEFT and under FSDP2)"
     )
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on CUDA with bf16, else fp32")
     logprob_chunk_size: int = Field(1024, ge=1, description="tokens per chunk when computing log-probs (bounds the logits' memory)")

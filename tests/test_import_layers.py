@@ -19,7 +19,7 @@ FOLDERS = {"agentrl": "agentrl", "environments": "agentrl.environments", "tools"
 
 # Lowest first. A module may import its own layer and the layers below it. Longest prefix wins.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", ["agentrl.strict", "agentrl.loading", "agentrl.models", "agentrl.bundled", "agentrl.logprobs", "agentrl.compile_layers",
+    ("foundation", ["agentrl.strict", "agentrl.loading", "agentrl.models", "agentrl.bundled", "agentrl.logprobs", "agentrl.head_tiles", "agentrl.compile_layers",
                     "agentrl.losses", "agentrl.checkpoint", "agentrl.optim_offload", "agentrl.optim_8bit", "agentrl.plot", "agentrl.config_help",
                     "agentrl.reference"]),
     ("tools and chat formats", ["agentrl.tool", "agentrl.tool_threads", "agentrl.sandbox", "agentrl.replay", "agentrl.dispatch", "agentrl.chat"]),
