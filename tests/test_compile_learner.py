@@ -124,6 +124,29 @@ def test_a_compile_failing_inside_the_step_retries_it_eagerly(eager, capsys, sta
         torch.testing.assert_close(weights[name], w, rtol=1e-6, atol=1e-7, msg=name)
 
 
+@pytest.mark.parametrize("which", ["tile_stats", "tile_grad_"])
+def test_a_head_tile_failing_to_compile_retries_the_step_eagerly(eager, capsys, monkeypatch, which):
+    """The head's compiled tiles fail at the first step (in the forward's reduction or in the
+    backward's gradient kernel): the step is taken again with the layers and the head eager."""
+    real = head_tiles.compiled
+
+    def compiled(name: str):  # type: ignore[no-untyped-def]
+        if name != which:
+            return real(name)
+
+        def fail(*a, **k):
+            raise RuntimeError("InductorError: no kernel for this tile\nmore detail")
+        return fail
+
+    monkeypatch.setattr(head_tiles, "compiled", compiled)
+    metrics, weights, _, learner = train("yes")
+    assert capsys.readouterr().out.count("compile_learner: the compiled training forward failed") == 1
+    assert learner.compiled is None
+    assert [m["grad_norm"] for m in metrics] == pytest.approx([m["grad_norm"] for m in eager[0]], rel=1e-6)
+    for name, w in eager[1].items():
+        torch.testing.assert_close(weights[name], w, rtol=1e-6, atol=1e-7, msg=name)
+
+
 def test_a_forward_set_on_the_instance_is_put_back():
     """accelerate's offload hooks replace ``forward`` on the instance: active() must not drop them."""
     model = tiny()
