@@ -243,14 +243,16 @@ def test_a_cancelled_request_is_aborted_on_the_server(server, hf):
         with anyio.move_on_after(0.2):
             await client.generate(prompt, long_greedy)
 
+    aborted = client.health()["aborted"]
     start = time.monotonic()
     anyio.run(cancel_soon)
     while client.health()["running"] and time.monotonic() - start < 2 * full + 5:
         time.sleep(0.05)
-    aborted_after = time.monotonic() - start
-    assert client.health()["running"] == 0
-    # the server stopped it, not finished it; relative to the full run so a loaded machine doesn't flake
-    assert aborted_after < 0.5 * full, (aborted_after, full)
+    health = client.health()
+    assert health["running"] == 0
+    # the server stopped it, not finished it: it counts the request as aborted (a wall-clock bound
+    # against the full run's time flaked on a quiet CPU: aborted after 1.26 s of a 2.29 s run)
+    assert health["aborted"] == aborted + 1, (health, full)
 
 
 @pytest.mark.vllm

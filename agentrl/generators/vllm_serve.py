@@ -11,6 +11,7 @@ start, so a client can tell a restarted server from the one it pushed weights to
 
 * ``GET /health``: ``status``, ``instance``, ``model``, ``dtype``, ``max_model_len``,
   ``vocab_size``, ``weights_version``, ``weight_transports``, ``running`` (requests in flight),
+  ``aborted`` (requests stopped because their client went away, since the start),
   ``max_push_bytes``. The only endpoint that needs no token.
 * ``POST /generate`` ``{"prompt_ids": [...], "sampling": {temperature, top_p, top_k, min_p,
   max_tokens, stop_token_ids, seed}}`` → ``{"token_ids", "logprobs", "finish_reason",
@@ -239,7 +240,7 @@ def create_app(cfg: ServeConfig) -> Any:
     max_push = push_limit(cfg, expected_shapes)
     max_body = int(cfg.max_body_mb * 2**20)
     instance = uuid.uuid4().hex[:12]
-    state: dict[str, Any] = {"weights_version": 0, "engine": None}
+    state: dict[str, Any] = {"weights_version": 0, "engine": None, "aborted": 0}
     gate = _Gate()
     scratch = Path(tempfile.mkdtemp(prefix="agentrl-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
 
@@ -300,6 +301,7 @@ def create_app(cfg: ServeConfig) -> Any:
             "status": "ok", "instance": instance, "model": model_path, "dtype": state["dtype"],
             "max_model_len": state["max_model_len"], "vocab_size": state["vocab_size"],
             "weights_version": state["weights_version"], "weight_transports": list(TRANSPORTS), "running": gate.running,
+            "aborted": state["aborted"],
             "max_push_bytes": max_push,
         }
 
@@ -328,6 +330,8 @@ def create_app(cfg: ServeConfig) -> Any:
             final = await _until_disconnected(
                 request, _last(state["engine"].generate(TokensPrompt(prompt_token_ids=prompt), params, uuid.uuid4().hex))
             )
+            if final is None:  # counted before the gate lets go, so /health never shows it neither running nor aborted
+                state["aborted"] += 1
         if final is None:
             raise HTTPException(499, "client disconnected")
         gen = to_generation(final)
