@@ -4,10 +4,10 @@ The eager tile (``agentrl.logprobs._LinearLogprob``) copies a tile's bf16 produc
 tile and then runs ~10 element-wise and reduction kernels over it, each a full pass over 4 bytes
 per element (at 4096 x 37984 that is 0.6 GB a pass), issued one by one from Python. On an H200 at
 32 x 8 x 512 those passes were ~0.5 s of the learner's 1.75 s of kernel time a step, and the
-~65 ops per tile kept the host busy besides. Compiled by inductor, a tile's forward is one
-reduction kernel reading the bf16 product (max, sum of exponentials, entropy sum and the target's
-logit), and its backward one element-wise kernel that writes the logits' gradient over the
-product in place, in the compute dtype, ready for the two matrix products. Nothing float32 of a
+~65 ops per tile kept the host busy besides. Compiled by inductor, a tile's forward is one fused
+reduction over the bf16 product (max, sum of exponentials, entropy sum and the target's logit)
+and its backward one fused element-wise pass that writes the logits' gradient over the product
+in place, in the compute dtype, ready for the two matrix products (one kernel each on a CPU). Nothing float32 of a
 tile's size exists any more: the head's working set is one bf16 tile.
 
 The numbers are the eager tile's up to the order of float32 additions: the same bf16 product,

@@ -17,7 +17,7 @@ Two heads compute the same numbers:
   ``PIECES`` columns at a time and the entropy is summed in place, so the head's working set is
   one float32 tile and half a bf16 one (it was two float32 tiles); that lets the default
   ``chunk_size`` keep tiles few and large, which a GPU needs (see ``_LinearLogprob``). When the
-  learner compiles its layers, each tile's work after the product is one compiled kernel
+  learner compiles its layers, each tile's work after the product is one compiled function
   (``agentrl.head_tiles``) and no float32 tile is made at all.
 - ``head="checkpoint"``: the head module runs on chunks of ``chunk_size`` positions under
   activation checkpointing (backward recomputes the chunk's logits). Used for heads that are not a
@@ -272,7 +272,7 @@ def linear_logprobs(
     leaf ``weight`` that already has a float32 ``.grad`` (the second micro-batch of a step on) gets
     its gradient added there directly instead of through a fresh [V, H] float32 buffer that the
     autograd engine would add in: 0.5 GiB less at the moment of the step's peak for a 152k x 896 head.
-    ``compiled``: each tile's work after its product runs as one compiled kernel (``agentrl.head_tiles``;
+    ``compiled``: each tile's work after its product runs as one compiled function (``agentrl.head_tiles``;
     heads without a bias or softcap), and no tile larger than ``tile_rows x tile_cols`` in the compute
     dtype is made at all. The learner asks for it when it compiles its layers.
     """

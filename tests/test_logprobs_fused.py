@@ -171,7 +171,7 @@ def _head_run(compiled: bool, bf16: bool, bias: bool = False, softcap: float | N
 @pytest.mark.parametrize("bf16", [False, True])
 def test_compiled_tiles_give_the_eager_tiles_numbers(bf16):
     """``compiled=True`` (the learner's head when its layers compile): each tile's work after the
-    product is one inductor kernel. Measured on this CPU: float32 within 2e-6 of the eager tiles;
+    product is one compiled function. Measured on this CPU: float32 within 2e-6 of the eager tiles;
     under bf16 autocast log-probs and entropies within 2e-6 (the same bf16 products), gradients one
     bf16 rounding of the logits' gradient apart at most."""
     eager, compiled = _head_run(False, bf16), _head_run(True, bf16)
