@@ -1,5 +1,5 @@
 """benchmarks/profile_train.py's kernel total counts kernels once: a labelled range that the
-profiler mirrors on the device's timeline (a user annotation) is not a kernel (it once doubled
+profiler mirrors on the device's timeline (a user annotation) is not a kernel (it once nearly doubled
 the printed total on an H200)."""
 
 from __future__ import annotations
