@@ -135,9 +135,9 @@ def main() -> None:
     if args.mode == "async" and not args.cpu and torch.cuda.device_count() < 2:
         raise SystemExit("--mode async trains on cuda:0 and generates on cuda:1: it needs 2 GPUs")
 
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     if args.budget:
         args.steps = 100_000

@@ -37,7 +37,7 @@ def main() -> None:
     import accelerate
     import multiturn_bench
 
-    import agentrl.learner as L
+    import agentrl.learn.learner as L
 
     mode = args.mode
 

@@ -28,10 +28,9 @@ def run(mode: str, model: str, steps: int) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import gpu_vs_trl as bench
 
-    import agentrl.learner as L
-    import agentrl.trainer as T
-    from agentrl.generators import transformers as TG
-
+    import agentrl.learn.learner as L
+    import agentrl.train.trainer as T
+    from agentrl.generators.hf import generator as TG
     def say(msg: str) -> None:
         print(f"[{mode}] {msg}", flush=True)
 
@@ -77,8 +76,7 @@ def run(mode: str, model: str, steps: int) -> None:
     if mode == "dynamic":
         extra += " generator.cuda_graphs=false"
     if mode == "eager":
-        from agentrl.generators import static_decode as sd
-
+        from agentrl.generators.hf import static_decode as sd
         init = sd.StaticDecoder.__init__
 
         def eager_init(self, *a, **k):  # type: ignore[no-untyped-def]
@@ -98,8 +96,7 @@ def run(mode: str, model: str, steps: int) -> None:
 
         TG.TransformersGenerator._decode_static = dec
     if mode == "nogqa":
-        from agentrl.generators import static_decode as sd
-
+        from agentrl.generators.hf import static_decode as sd
         sd._register_gqa_decode = lambda: False
     os.environ["AGENTRL_BENCH_EXTRA"] = extra
     r = bench.run_agentrl(model, 8, 8, 256, steps, False)

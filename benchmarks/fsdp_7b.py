@@ -10,12 +10,12 @@
 
 What one step is: ``--rows`` sequences of ``--tokens`` tokens (the first ``--prompt`` are the
 prompt), split over the ranks as the trainer splits a step's rows; for each micro-batch of
-``--micro`` rows the sharded policy's forward (agentrl.sharded.ShardedPolicy: decoder, then the
+``--micro`` rows the sharded policy's forward (agentrl.compute.parallel.fsdp.ShardedPolicy: decoder, then the
 output head over chunks of ``--chunk`` positions; bf16 autocast over fp32 master weights,
 activation checkpointing per layer), a policy-gradient surrogate loss with random advantages
 (the trainer's losses cost nothing next to the model), backward, grad-norm clipping at 1 and one
 AdamW step (fused on CUDA). Then, unless ``--no-gather``, the sharded weights are all-gathered
-into a bf16 copy as generation gets them (agentrl.sharded.gather_into), timed on its own.
+into a bf16 copy as generation gets them (agentrl.compute.parallel.fsdp.gather_into), timed on its own.
 
 The model is built on the meta device and initialised shard by shard (each full tensor drawn
 from a per-tensor seed, so one process and N processes hold the same weights); no full fp32
@@ -44,13 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 try:
     import pydantic  # noqa: F401  (agentrl/__init__.py needs it for the tool layer)
-except ImportError:  # import agentrl.sharded without agentrl/__init__.py
+except ImportError:  # import agentrl.compute.parallel.fsdp without agentrl/__init__.py
     package = types.ModuleType("agentrl")
     package.__path__ = [str(ROOT / "agentrl")]
     sys.modules["agentrl"] = package
 
-from agentrl.logprobs import completion_logprobs  # noqa: E402
-from agentrl.sharded import ShardedPolicy, full_tensor, gather_into, shard_policy  # noqa: E402
+from agentrl.compute.logprobs import completion_logprobs  # noqa: E402
+from agentrl.compute.parallel.fsdp import ShardedPolicy, full_tensor, gather_into, shard_policy  # noqa: E402
 
 SHAPES = {
     # Qwen2.5-7B's config.json (7.62B parameters, untied head)
@@ -107,7 +107,7 @@ def materialise(model: torch.nn.Module, device: torch.device, seed: int) -> None
 
 
 def step_rows(rows: int, rank: int, world: int) -> torch.Tensor:
-    return torch.arange(rows).tensor_split(world)[rank]  # as agentrl.distributed.learner_rows splits one step
+    return torch.arange(rows).tensor_split(world)[rank]  # as agentrl.compute.parallel.distributed.learner_rows splits one step
 
 
 def main() -> None:

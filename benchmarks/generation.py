@@ -116,7 +116,7 @@ def start_server(model: Path, dtype: str, port: int, log: Path) -> subprocess.Po
     """``agentrl vllm-serve`` in its own process group, output to ``log``."""
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "agentrl.cli", "vllm-serve", f"model={model}", f"dtype={dtype}", f"port={port}", "max_model_len=2048"],
+            [sys.executable, "-m", "agentrl.cli.main", "vllm-serve", f"model={model}", f"dtype={dtype}", f"port={port}", "max_model_len=2048"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
@@ -138,9 +138,9 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
 
     from agentrl import make
     from agentrl.chat import get_chat_format
-    from agentrl.config import GeneratorSettings
+    from agentrl.compute.models import load_model, load_tokenizer, pad_token_id
     from agentrl.generators import SamplingParams, build_generator
-    from agentrl.models import load_model, load_tokenizer, pad_token_id
+    from agentrl.generators.config import GeneratorConfig
     from agentrl.rollout import RolloutConfig, RolloutEngine
 
     backend, model_path = args.child, Path(args.model)
@@ -152,13 +152,13 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
     if backend == "transformers":
         torch.set_num_threads(args.threads)
         model = load_model(str(model_path), dtype=getattr(torch, args.dtype), device="cpu")
-        settings = GeneratorSettings(backend="transformers")
+        settings = GeneratorConfig(backend="transformers")
     elif backend == "vllm":
-        settings = GeneratorSettings(backend="vllm", dtype=args.dtype, max_model_len=args.max_context)
+        settings = GeneratorConfig(backend="vllm", dtype=args.dtype, max_model_len=args.max_context)
     else:
         port = free_port()
         server = start_server(model_path, args.dtype, port, Path(args.log))
-        settings = GeneratorSettings(backend="vllm-server", url=f"http://127.0.0.1:{port}", timeout_s=300)
+        settings = GeneratorConfig(backend="vllm-server", url=f"http://127.0.0.1:{port}", timeout_s=300)
     try:
         generator = build_generator(
             settings, model_path=str(model_path), pad_token_id=pad_token_id(tokenizer, fmt.stop_token_ids),
@@ -194,7 +194,7 @@ def run_backend(args: argparse.Namespace) -> dict[str, Any]:
             })
         push_s = None
         if backend != "transformers":  # what a trainer's weight sync costs: the full model, once
-            from agentrl.generators.vllm_common import push_weights
+            from agentrl.generators.vllm.common import push_weights
 
             policy = load_model(str(model_path), dtype=torch.float32, device="cpu")
             with push_weights(policy) as named:

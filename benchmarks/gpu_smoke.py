@@ -32,9 +32,9 @@ def build_model(tokenizer_dir: str, out: Path) -> None:
 
 
 def run(name: str, model_dir: Path, steps: int, extra: list[str]) -> dict:
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     args = [
         f"model.path={model_dir}", f"max_steps={steps}", "precision=bf16", "prompts_per_step=8", "num_generations=8",

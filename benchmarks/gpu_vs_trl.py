@@ -37,8 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -133,9 +133,9 @@ def _peak() -> float:
 
 
 def run_agentrl(model: str, P: int, G: int, N: int, steps: int, cpu: bool) -> dict[str, Any]:
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     out = tempfile.mkdtemp(prefix="agentrl-bench-")
     args = [
@@ -217,7 +217,7 @@ def experiment_kernels(model: Any, kind: str) -> None:
     if "flash" in kinds:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        import agentrl.learner as learner
+        import agentrl.learn.learner as learner
 
         order = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
         plain = learner.Learner._step
@@ -451,7 +451,7 @@ def main() -> None:
         worker(args)
         return
     if args.cpu:
-        from agentrl.models import resolve_model
+        from agentrl.compute.models import resolve_model
 
         model = args.model or str(resolve_model("default"))
     else:

@@ -1,7 +1,7 @@
 """How many ops the fused log-prob head issues, and how long Python takes to issue them.
 
     python benchmarks/head_dispatch.py                      # the head at this checkout
-    python benchmarks/head_dispatch.py --ref b264b7e        # and agentrl/logprobs.py at a revision
+    python benchmarks/head_dispatch.py --ref b264b7e        # and agentrl/compute/logprobs.py at a revision
     python benchmarks/head_dispatch.py --compiled           # also count the compiled tiles' ops
 
 Runs ``_LinearLogprob`` forward and backward on the ``meta`` device (shapes only, no kernels), so
@@ -10,7 +10,7 @@ H200 the head's kernels are short enough that this sets the pace when tiles are 
 benchmarks/RESULTS.md, 2026-11-29 call K). Default shapes: Qwen2.5-0.5B's 151,936 x 896 head, one
 micro-batch of 16 x 512 sampled positions, bf16 compute, entropies on (as the learner asks).
 
-The compiled tiles (``agentrl/head_tiles.py``, the learner's head when it compiles its layers)
+The compiled tiles (``agentrl/compute/head_tiles.py``, the learner's head when it compiles its layers)
 cannot run on ``meta``; ``--compiled`` counts their ops on the CPU with real tensors instead (a
 narrow hidden size: the count does not depend on it), each compiled call as one, and no time.
 """
@@ -47,10 +47,9 @@ class _Count(TorchDispatchMode):
 def _module(ref: str | None) -> ModuleType:
     if ref is None:
         sys.path.insert(0, str(ROOT))
-        from agentrl import logprobs
-
+        from agentrl.compute import logprobs
         return logprobs
-    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:agentrl/logprobs.py"], check=True, capture_output=True, text=True).stdout
+    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:agentrl/compute/logprobs.py"], check=True, capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "logprobs_ref.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(f"logprobs_{ref}", path)
@@ -86,8 +85,7 @@ def count_compiled(positions: int, vocab: int, chunk: int) -> tuple[int, int]:
     sys.path.insert(0, str(ROOT))
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from agentrl import head_tiles, logprobs
-
+    from agentrl.compute import head_tiles, logprobs
     rows, cols = logprobs.tile_shape(chunk, vocab)
     calls = [0]
     real = head_tiles.compiled
@@ -122,7 +120,7 @@ def count_compiled(positions: int, vocab: int, chunk: int) -> tuple[int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ref", action="append", default=[], help="also measure agentrl/logprobs.py at this git revision")
+    ap.add_argument("--ref", action="append", default=[], help="also measure agentrl/compute/logprobs.py at this git revision")
     ap.add_argument("--positions", type=int, default=16 * 512)
     ap.add_argument("--hidden", type=int, default=896)
     ap.add_argument("--vocab", type=int, default=151936)

@@ -7,7 +7,7 @@
 (``logprob_head="checkpoint"``), micro-batches in batch order, every completion column scored,
 autocast's weight cache on. "new" is the default: the fused linear + log-softmax head, rows of
 similar length batched together, only sampled tokens scored, no autocast weight cache
-(``agentrl.learner.LearnSettings``). ``--variants`` also takes ``fused_only`` and
+(``agentrl.learn.config.LearnerConfig``). ``--variants`` also takes ``fused_only`` and
 ``no_cache_only`` (one change each against "old"). Both run the same
 batch, model weights, loss (dapo), AdamW and micro-batch size; each variant runs in its own
 process so its peak memory is its own (CUDA: ``max_memory_allocated``; CPU: peak resident set
@@ -59,7 +59,7 @@ def synthetic_groups(P: int, G: int, completion: int, vocab: int, shape: str, se
     """P groups of G episodes. single: one turn of ``completion`` sampled tokens after a 20-60 token
     prompt (``prompt_tokens``: that many instead). multi: 2-4 turns of 15-60 sampled tokens, each followed by a 5-20 token tool result,
     at most ``completion`` tokens in all (the calculator's shape)."""
-    from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+    from agentrl.core.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
 
     rng = random.Random(seed)
     groups = []
@@ -94,14 +94,15 @@ def synthetic_groups(P: int, G: int, completion: int, vocab: int, shape: str, se
 
 
 def build_learner(model: Any, accelerator: Any, micro: int, variant: dict[str, Any], chunk: int, beta: float, lr: float) -> Any:
-    from agentrl.learner import Learner, LearnSettings
-    from agentrl.losses import LossConfig
-    from agentrl.reference import Reference
+    from agentrl.compute.reference import Reference
+    from agentrl.learn.config import LearnerConfig
+    from agentrl.learn.learner import Learner
+    from agentrl.learn.losses import LossConfig
 
     cuda = accelerator.device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True if cuda else None)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    settings = LearnSettings(
+    settings = LearnerConfig(
         micro_batch_size=micro, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=chunk,
         max_grad_norm=1.0, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1, **variant,
     )
@@ -117,14 +118,14 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     import transformers
     from accelerate import Accelerator
 
-    from agentrl.batch import build_batch
+    from agentrl.learn.batch import build_batch
 
     cuda = torch.cuda.is_available() and not args.cpu
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(**PRESETS[args.preset], tie_word_embeddings=True)
     model = transformers.Qwen2ForCausalLM(cfg).float()
     if args.gradient_checkpointing:
-        from agentrl.train_setup import enable_gradient_checkpointing
+        from agentrl.train.build import enable_gradient_checkpointing
 
         enable_gradient_checkpointing(model)  # as the trainer does
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if args.bf16 else "no")

@@ -86,9 +86,9 @@ def _save_bf16(model: Any, tokenizer: Any, path: Path) -> None:
 def race_agentrl(model: str, P: int, G: int, budget: float, every: float, folder: Path, lr: float) -> dict[str, Any]:
     import multiturn_bench
 
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     args = multiturn_bench.agentrl_args(model, P, G, steps=100_000, lr=lr)
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
@@ -247,7 +247,7 @@ def _gpus() -> list[str]:
 def report(work: Path, n: int, deadline: float = float("inf")) -> None:
     """Evaluate the SFT model and every checkpoint (one evaluation per GPU at a time), then write race.json,
     race.png and a table. Checkpoints not reached by ``deadline`` (time.monotonic) are left out, named."""
-    from agentrl.plot import write_curve_png
+    from agentrl.observe.plot import write_curve_png
 
     races = [json.loads(p.read_text()) for p in sorted(work.glob("race-*.json"))]
     jobs = [("sft", {"path": str(work / "sft"), "elapsed_s": 0.0, "step": 0})]

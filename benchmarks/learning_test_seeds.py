@@ -25,9 +25,9 @@ STEPS, TASKS = 45, 300
 
 def one(seed: int, out: str, extra: list[str]) -> None:
     """The test's body for one seed (same overrides as tests/test_learning.py)."""
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     start = time.time()
     keys = [f"max_steps={STEPS}", f"eval_every={STEPS}", f"eval_tasks={TASKS}", f"seed={seed}", f"output_dir={out}", *extra]

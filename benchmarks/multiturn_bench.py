@@ -79,7 +79,7 @@ def sft(model_dir: str, out_dir: str, seconds: float, batch: int = 32 if torch.c
     from trl.chat_template_utils import qwen3_chat_template
 
     from agentrl.chat import get_chat_format
-    from agentrl.logprobs import token_logprobs
+    from agentrl.compute.logprobs import token_logprobs
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.chat_template = qwen3_chat_template
@@ -141,9 +141,9 @@ def agentrl_args(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> li
 
 
 def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     args = agentrl_args(model, P, G, steps)
     args += os.environ.get("AGENTRL_BENCH_EXTRA", "").split()  # e.g. optimizer_offload=true
@@ -194,8 +194,7 @@ def trl_setup(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> tuple
     from trl import GRPOConfig
 
     from agentrl.environments.calculator import correct
-
-    from agentrl.train_state import TrainState
+    from agentrl.train.state import TrainState
 
     env = make_env()
     train = env.dataset("train")

@@ -25,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main() -> None:
+    import multiturn_bench
     from transformers import AutoTokenizer
 
-    import multiturn_bench
     from agentrl.chat import get_chat_format
-    from agentrl.generators.base import Generation, SamplingParams
+    from agentrl.generators.protocol import Generation, SamplingParams
     from agentrl.rollout import RolloutConfig, RolloutEngine
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 def main() -> None:
     import gpu_vs_trl as bench
 
-    import agentrl.learner as L
+    import agentrl.learn.learner as L
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)

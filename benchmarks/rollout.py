@@ -50,12 +50,12 @@ import torch
 from agentrl import Tool, make
 from agentrl.chat import get_chat_format
 from agentrl.chat.base import ChatFormat
-from agentrl.env import Environment
-from agentrl.generators.base import Generation, SamplingParams
-from agentrl.generators.transformers import TransformersGenerator
-from agentrl.models import load_model, load_tokenizer
+from agentrl.compute.models import load_model, load_tokenizer
+from agentrl.core.trajectory import Trajectory
+from agentrl.env.environment import Environment
+from agentrl.generators.hf.generator import TransformersGenerator
+from agentrl.generators.protocol import Generation, SamplingParams
 from agentrl.rollout import RolloutConfig, RolloutEngine
-from agentrl.trajectory import Trajectory
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 HEADER = (

@@ -17,8 +17,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from agentrl.dispatch import MALFORMED
-from agentrl.env import Reward, ToolEnvironment
+from agentrl.core.records import MALFORMED
+from agentrl.env.environment import Reward, ToolEnvironment
 from agentrl.tools.calculator import Calculator, format_number
 
 ANSWER_RE = re.compile(r"answer is\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)

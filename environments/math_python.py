@@ -19,7 +19,7 @@ from typing import Any
 
 from datasets import Dataset
 
-from agentrl.env import Reward, ToolEnvironment
+from agentrl.env.environment import Reward, ToolEnvironment
 from agentrl.environments.calculator import correct, well_formatted
 from agentrl.tools.python import PythonTool
 

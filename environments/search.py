@@ -21,8 +21,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from agentrl.env import Reward, ToolEnvironment
-from agentrl.tool import Tool, ToolError
+from agentrl.env.environment import Reward, ToolEnvironment
+from agentrl.env.tool import Tool, ToolError
 
 SPLIT_SEED = 31
 SYSTEM_PROMPT = (

@@ -26,8 +26,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from agentrl.env import Message, Reward, StepResult, ToolEnvironment
-from agentrl.tool import Tool, ToolError
+from agentrl.env.environment import Message, Reward, StepResult, ToolEnvironment
+from agentrl.env.tool import Tool, ToolError
 
 SPLIT_SEEDS = {"train": 21, "test": 22}
 MOVES = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}

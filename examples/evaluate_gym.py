@@ -17,9 +17,8 @@ import torch
 
 import agentrl
 from agentrl.chat import get_chat_format
-from agentrl.dispatch import MALFORMED
-from agentrl.models import load_model, load_tokenizer, pad_token_id
-
+from agentrl.compute.models import load_model, load_tokenizer, pad_token_id
+from agentrl.core.records import MALFORMED
 
 
 def generate(model, fmt, prompts: list[list[int]], max_new_tokens: int, pad_id: int) -> list[list[int]]:

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
 command -v npm >/dev/null || missing+=(npm)
-command -v bwrap >/dev/null || missing+=(bubblewrap)  # agentrl.sandbox isolation (tests/test_sandbox.py)
+command -v bwrap >/dev/null || missing+=(bubblewrap)  # agentrl.env.sandbox isolation (tests/test_sandbox.py)
 python3 -c "import ensurepip" 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup_test_machine: installing ${missing[*]} with apt"

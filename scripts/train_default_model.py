@@ -43,7 +43,7 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from agentrl.environments.calculator import CalculatorEnv
 from agentrl.environments.math_python import MathPythonEnv, solution_program
 from agentrl.environments.sokoban import MOVES, SokobanEnv, scripted_move
-from agentrl.tools.calculator import format_number, evaluate
+from agentrl.tools.calculator import evaluate, format_number
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentrl.chat import get_chat_format
-from agentrl.models import load_model, load_tokenizer
+from agentrl.compute.models import load_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.train_config import TrainConfig
-from agentrl.train_setup import build_optimizer
+from agentrl.train.build import build_optimizer
+from agentrl.train.config import TrainConfig
 
 
 def one_step(overrides: dict, offload: bool = False) -> torch.Tensor:

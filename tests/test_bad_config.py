@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.cli import main
+from agentrl.cli.main import main
 
 ENVS = '''
 from datasets import Dataset
-from agentrl.env import ToolEnvironment
+from agentrl.env.environment import ToolEnvironment
 
 NOT_CALLABLE = 42
 
@@ -182,7 +182,7 @@ def test_a_raising_reward_shows_the_real_exception(tmp_path, capsys, monkeypatch
         "from agentrl.environments.calculator import CalculatorEnv\n"
         "def broken(completion, **kw):\n    raise ValueError('reward exploded on purpose')\n"
         "class Env(CalculatorEnv):\n    def __init__(self, **kw):\n        super().__init__(**kw)\n"
-        "        from agentrl.env import Reward\n        self.rewards = [Reward(broken)]\n"
+        "        from agentrl.env.environment import Reward\n        self.rewards = [Reward(broken)]\n"
     )
     monkeypatch.chdir(tmp_path)
     code = main(["train", f"env={tmp_path}/r.py:Env", "max_steps=1", "prompts_per_step=2", "num_generations=2",

@@ -8,10 +8,10 @@ import anyio
 import pytest
 import torch
 
-from agentrl.batch import EmptyBatchError, build_batch
-from agentrl.dispatch import ToolRecord
-from agentrl.logprobs import completion_logprobs, token_logprobs
-from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+from agentrl.compute.logprobs import completion_logprobs, token_logprobs
+from agentrl.core.records import ToolRecord
+from agentrl.core.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+from agentrl.learn.batch import EmptyBatchError, build_batch
 
 PAD = 0
 
@@ -113,7 +113,7 @@ def test_no_trainable_episode_names_the_first_error():
 
 def test_padding_lines_up_with_completion_columns():
     """Log-probs of the padded batch (completion_logprobs) equal each sample's own, unpadded."""
-    from agentrl.models import load_model
+    from agentrl.compute.models import load_model
 
     model = load_model("default", dtype=torch.float32, device="cpu")
     batch = build_batch(groups(), pad_id=PAD)
@@ -129,11 +129,12 @@ def test_padding_lines_up_with_completion_columns():
 def test_rollout_keeps_turn_rewards_and_token_positions():
     """A real multi-turn rollout: each turn's sampled tokens are where the Turn says, rewards per turn add up."""
     from agentrl.chat import get_chat_format
+    from agentrl.compute.models import load_model, load_tokenizer
     from agentrl.environments.calculator import CalculatorEnv
     from agentrl.generators import SamplingConfig
-    from agentrl.generators.transformers import TransformersGenerator
-    from agentrl.models import load_model, load_tokenizer
-    from agentrl.rollout.engine import RolloutConfig, RolloutEngine
+    from agentrl.generators.hf.generator import TransformersGenerator
+    from agentrl.rollout.config import RolloutConfig
+    from agentrl.rollout.engine import RolloutEngine
 
     model = load_model("default", dtype=torch.float32, device="cpu")
     fmt = get_chat_format(load_tokenizer("default"))

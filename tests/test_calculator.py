@@ -9,9 +9,9 @@ import anyio
 import pytest
 
 from agentrl import dispatch, make
-from agentrl.chat.types import ToolCall
+from agentrl.core.messages import ToolCall
+from agentrl.core.records import ToolRecord
 from agentrl.environments.calculator import correct, extract_answer, generate_tasks, well_formatted
-from agentrl.dispatch import ToolRecord
 from agentrl.tools.calculator import Calculator, CalculatorError, evaluate, format_number
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from chat_fixtures import trl_template, trl_tokenizer
 
-from agentrl.chat import get_chat_format
 from agentrl.chat import derived as D
+from agentrl.chat import get_chat_format
 from agentrl.chat import harmony_training as H
 from agentrl.chat.training import random_conversations, training_template_problems
 

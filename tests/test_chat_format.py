@@ -11,7 +11,7 @@ from chat_fixtures import TOOLS, build_tiny_tokenizer, load_asset_tokenizer, too
 import agentrl.chat as chat
 from agentrl.chat import ChatFormat, default_template, get_chat_format, register_parser
 from agentrl.chat.parsers import HermesParser, Qwen3Parser, ResponseParser, TemplateProbe, registry
-from agentrl.chat.types import ParsedResponse
+from agentrl.core.messages import ParsedResponse
 
 PLAIN_CHATML = (
     "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"

@@ -22,7 +22,7 @@ from agentrl.chat import ChatFormat, ParsedResponse, available_parsers, get_chat
 from agentrl.chat.fuzz import hostile_outputs
 from agentrl.chat.parsers.base import MAX_CALLS
 from agentrl.chat.parsers.calls import MAX_DEPTH
-from agentrl.trajectory import Sample, Trajectory, Turn, read_jsonl, write_jsonl
+from agentrl.core.trajectory import Sample, Trajectory, Turn, read_jsonl, write_jsonl
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
     "a": {"type": "integer"}, "s": {"type": "string"}}}}}]  # fmt: skip
@@ -139,7 +139,7 @@ def test_deep_trajectory_round_trips_through_the_writer(tmp_path: Path) -> None:
 
 def test_deep_trajectory_reaches_samples_jsonl(tmp_path: Path) -> None:
     """The training side of the issue-17 crash: ``RunLog.samples`` (samples.jsonl) with a 5,000-deep call."""
-    from agentrl.observe import RunLog
+    from agentrl.observe.runlog import RunLog
 
     deep: Any = []
     for _ in range(5_000):

@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, get_scheduler
 
-from agentrl.checkpoint import (
+from agentrl.compute.optim.offload import OffloadedAdamW
+from agentrl.train.checkpoint import (
     CheckpointError,
     checkpoint_dir,
     latest_checkpoint,
@@ -21,7 +22,6 @@ from agentrl.checkpoint import (
     run_id_of,
     save_checkpoint,
 )
-from agentrl.optim_offload import OffloadedAdamW
 
 
 def tiny_model(seed: int = 0) -> LlamaForCausalLM:
@@ -186,14 +186,14 @@ SMALL = ["prompts_per_step=2", "num_generations=2", "micro_batch_size=4", "rollo
 
 
 def train_config(out: Path, *extra: str):
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
 
     return build(TrainConfig, parse_overrides([*SMALL, f"output_dir={out}", *extra]))
 
 
 def test_trainer_resume_logs_each_step_once_and_refuses_a_reused_folder(tmp_path):
-    from agentrl.trainer import Trainer
+    from agentrl.train.trainer import Trainer
 
     Trainer(train_config(tmp_path, "max_steps=2")).train()
     steps = lambda name: [json.loads(x)["step"] for x in (tmp_path / name).read_text().splitlines()]  # noqa: E731
@@ -216,7 +216,7 @@ def test_trainer_resume_logs_each_step_once_and_refuses_a_reused_folder(tmp_path
 def test_a_crafted_curriculum_state_cannot_run_code_on_resume(tmp_path):
     """``TrainState.curriculum`` travels in the same trainer-state file, read through ``resume_run``
     (the path FSDP2 checkpoints take too, through ``sharded.checkpoint_views``)."""
-    from agentrl.train_state import TrainState, resume_run
+    from agentrl.train.state import TrainState, resume_run
 
     run = tmp_path / "run"
     open_run(run, None)
@@ -230,11 +230,12 @@ def test_a_crafted_curriculum_state_cannot_run_code_on_resume(tmp_path):
 
 def test_a_real_curriculum_state_survives_the_safe_loader(tmp_path):
     """The curriculum's own state is plain data that ``weights_only`` accepts, and draws the same tasks after."""
-    from agentrl.curriculum import Curriculum, CurriculumSettings
-    from agentrl.train_state import TrainState, resume_run
+    from agentrl.train.config import CurriculumConfig
+    from agentrl.train.curriculum import Curriculum
+    from agentrl.train.state import TrainState, resume_run
 
     data = [{"difficulty": 1 + i % 3, "i": i} for i in range(30)]
-    cur = Curriculum(data, CurriculumSettings(key="difficulty"), seed=5)
+    cur = Curriculum(data, CurriculumConfig(key="difficulty"), seed=5)
     cur.next_tasks(7)
     run = tmp_path / "run"
     open_run(run, None)
@@ -243,7 +244,7 @@ def test_a_real_curriculum_state_survives_the_safe_loader(tmp_path):
     state = TrainState.start(4, 0)
     model, opt, sched = trained(1)
     resume_run("latest", run, state, model, opt, sched)
-    again = Curriculum(data, CurriculumSettings(key="difficulty"), seed=5)
+    again = Curriculum(data, CurriculumConfig(key="difficulty"), seed=5)
     again.load_state_dict(state.curriculum)
     assert [t["i"] for t in again.next_tasks(20)] == expected
 
@@ -277,7 +278,7 @@ CURRICULUM = ("dynamic_sampling.enabled=true", "dynamic_sampling.max_rounds=1", 
 
 def test_resume_restores_the_curriculum_from_the_checkpoint(tmp_path):
     """Through the trainer: a resumed run's curriculum continues from the checkpoint's state, not afresh."""
-    from agentrl.trainer import Trainer
+    from agentrl.train.trainer import Trainer
 
     Trainer(train_config(tmp_path, "max_steps=1", *CURRICULUM)).train()
     saved = json.loads((tmp_path / "checkpoints" / "step-000001" / "trainer_state.json").read_text())["curriculum"]
@@ -291,7 +292,7 @@ def test_resume_restores_the_curriculum_from_the_checkpoint(tmp_path):
 def test_resume_with_dynamic_sampling_and_curriculum_continues_the_same_run(tmp_path):
     """2 steps straight, and 1 step then ``resume=latest`` to 2, draw the same tasks and log step 2
     once, with the same numbers (about a minute on 2 CPU cores)."""
-    from agentrl.trainer import Trainer
+    from agentrl.train.trainer import Trainer
 
     straight, split = tmp_path / "straight", tmp_path / "split"
     Trainer(train_config(straight, "max_steps=2", *CURRICULUM)).train()

@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.cli import COMMANDS, main
-from agentrl.config import ConfigError, EvalConfig, build
-from agentrl.config_help import config_keys
-from agentrl.train_config import TrainConfig
+from agentrl.cli.help import config_keys
+from agentrl.cli.main import COMMANDS, main
+from agentrl.core.overrides import build
+from agentrl.core.strict import ConfigError
+from agentrl.rollout.config import EvalConfig
+from agentrl.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +37,7 @@ def test_top_level_help_lists_every_command(capsys):
 def test_command_help_lists_every_key(command, capsys):
     code, out = run(capsys, command, "--help")
     assert code == 0 and "expected key=value" not in out
-    from agentrl.cli import _load
+    from agentrl.cli.main import _load
 
     rows = config_keys(_load(COMMANDS[command][2]))
     assert rows
@@ -91,7 +93,7 @@ def test_every_listed_default_is_accepted_back(model):
 
 
 def test_console_script_help_runs_as_a_program():
-    proc = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "agentrl.cli.main", "train", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "rollout.max_context" in proc.stdout and "Traceback" not in proc.stderr
 

@@ -18,13 +18,16 @@ import transformers
 from accelerate import Accelerator
 from test_learner_fastpath import V, groups
 
-from agentrl import head_tiles
-from agentrl.batch import build_batch
-from agentrl.compile_layers import CompiledLayers, compile_layers, decoder_layers
-from agentrl.learner import Learner, LearnSettings
-from agentrl.losses import LossConfig
-from agentrl.reference import Reference
-from agentrl.train_setup import enable_gradient_checkpointing
+from agentrl.compute import head_tiles
+from agentrl.compute.compile_layers import CompiledLayers, compile_layers
+from agentrl.compute.models import decoder_layers
+from agentrl.compute.parallel.strategy import Sharded
+from agentrl.compute.reference import Reference
+from agentrl.learn.batch import build_batch
+from agentrl.learn.config import LearnerConfig
+from agentrl.learn.learner import Learner
+from agentrl.learn.losses import LossConfig
+from agentrl.train.build import enable_gradient_checkpointing
 
 
 def tiny() -> transformers.Qwen3ForCausalLM:
@@ -42,13 +45,13 @@ def train(compiled: str, backend: Any = None) -> tuple[list[dict], dict[str, tor
     model = tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    settings = LearnSettings(
+    settings = LearnerConfig(
         micro_batch_size=3, num_iterations=2, steps_per_generation=1, temperature=0.9, logprob_chunk_size=7,
         max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1,
     )
     layers = None
     if compiled != "no":
-        layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+        layers, _ = compile_layers(model, True, cuda=False, full_finetune=True)
         assert layers is not None
     if backend is not None:
         layers.forwards = [torch.compile(layer.forward, dynamic=True, backend=backend) for layer in layers.layers]
@@ -159,7 +162,7 @@ def test_a_forward_set_on_the_instance_is_put_back():
         return plain(*a, **k)
 
     layer.forward = hooked
-    compiled, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+    compiled, _ = compile_layers(model, True, cuda=False, full_finetune=True)
     with compiled.active():
         assert layer.forward is compiled.forwards[1]
     assert layer.forward is hooked and "forward" not in model.model.layers[0].__dict__
@@ -169,15 +172,15 @@ def test_a_forward_set_on_the_instance_is_put_back():
 
 def test_when_the_layers_are_compiled():
     model = tiny()
-    assert compile_layers(model, None, cuda=False, full_finetune=True, sharded=False) == (None, "")
-    assert compile_layers(model, False, cuda=True, full_finetune=True, sharded=False) == (None, "")
-    on, why = compile_layers(model, None, cuda=True, full_finetune=True, sharded=False)
+    assert compile_layers(model, None, cuda=False, full_finetune=True) == (None, "")
+    assert compile_layers(model, False, cuda=True, full_finetune=True) == (None, "")
+    on, why = compile_layers(model, None, cuda=True, full_finetune=True)
     assert isinstance(on, CompiledLayers) and len(on.layers) == 3 and "3 decoder layers" in why
-    off, why = compile_layers(model, None, cuda=True, full_finetune=False, sharded=False)
+    off, why = compile_layers(model, None, cuda=True, full_finetune=False)
     assert off is None and "PEFT adapter" in why and "compile_learner=true" in why
-    off, why = compile_layers(model, None, cuda=True, full_finetune=True, sharded=True)
+    off, why = compile_layers(model, None, Sharded(2), cuda=True, full_finetune=True)
     assert off is None and "FSDP2" in why
-    off, why = compile_layers(torch.nn.Linear(2, 2), True, cuda=False, full_finetune=True, sharded=False)
+    off, why = compile_layers(torch.nn.Linear(2, 2), True, cuda=False, full_finetune=True)
     assert off is None and "Linear exposes no get_decoder().layers" in why
 
 
@@ -191,11 +194,11 @@ def test_a_step_whose_rows_leave_one_over_compiles_the_layers_once():
     before = dynamo.utils.counters["stats"]["unique_graphs"]
     model = tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    settings = LearnSettings(
+    settings = LearnerConfig(
         micro_batch_size=7, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=16,
         max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1,
     )
-    layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+    layers, _ = compile_layers(model, True, cuda=False, full_finetune=True)
     learner = Learner(Accelerator(cpu=True), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                       Reference(model, "full", 0.0), LossConfig(loss_type="dapo"), settings, layers)
     batch = build_batch(groups(), pad_id=0)
@@ -214,13 +217,13 @@ def test_compiled_layers_see_lengths_padded_to_a_multiple_of_eight():
         model = tiny()
         model.model.layers[0].register_forward_pre_hook(lambda _m, args, kw, c=compiled: seen[c].append((args[0] if args else kw["hidden_states"]).shape[1]), with_kwargs=True)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        settings = LearnSettings(
+        settings = LearnerConfig(
             micro_batch_size=3, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=16,
             max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1,
         )
         layers = None
         if compiled == "yes":
-            layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+            layers, _ = compile_layers(model, True, cuda=False, full_finetune=True)
             layers.forwards = [torch.compile(layer.forward, dynamic=True, backend="eager") for layer in layers.layers]
         learner = Learner(Accelerator(cpu=True), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                           Reference(model, "full", 0.0), LossConfig(loss_type="dapo"), settings, layers)
@@ -240,7 +243,7 @@ def test_a_first_micro_batch_as_long_as_the_head_dimension_does_not_fix_the_leng
     before = dynamo.utils.counters["stats"]["unique_graphs"]
     model = tiny()
     assert model.config.head_dim == 32
-    layers, _ = compile_layers(model, True, cuda=False, full_finetune=True, sharded=False)
+    layers, _ = compile_layers(model, True, cuda=False, full_finetune=True)
     for rows, length in [(2, 32), (2, 40), (3, 17), (5, 33)]:
         with layers.active():
             model(input_ids=torch.randint(1, V, (rows, length))).logits.sum().backward()
@@ -254,10 +257,10 @@ def test_compiled_layers_on_cuda_bf16_autocast():
     differently in bf16, so each is held against the float32 log-probs: the compiled path must be
     within 1e-3 on average and no further from float32 than twice the eager path's worst error
     (H100, first run: compiled vs eager differed by up to 2.4e-3 at log-probs of ~-5.2)."""
-    from agentrl.logprobs import completion_logprobs
+    from agentrl.compute.logprobs import completion_logprobs
 
     model = tiny().cuda()
-    layers, _ = compile_layers(model, None, cuda=True, full_finetune=True, sharded=False)
+    layers, _ = compile_layers(model, None, cuda=True, full_finetune=True)
     torch.manual_seed(1)
     ids = torch.randint(0, V, (6, 40), device="cuda")
     starts = torch.tensor([5, 9, 12, 5, 20, 7])
@@ -289,7 +292,7 @@ def test_a_learner_on_cuda_keeps_training_forwards_off_cudnn_attention():
     forward call in a multi-turn step, H200): the learner turns it off before its first forward."""
     from torch.profiler import ProfilerActivity, profile
 
-    from agentrl.logprobs import completion_logprobs
+    from agentrl.compute.logprobs import completion_logprobs
 
     torch.manual_seed(0)
     cfg = transformers.Qwen3Config(vocab_size=V, hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -307,7 +310,7 @@ def test_a_learner_on_cuda_keeps_training_forwards_off_cudnn_attention():
     if not any("cudnn" in k for k in before):
         pytest.skip(f"this card and torch do not pick cuDNN attention here: {sorted(before)}")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    settings = LearnSettings(micro_batch_size=2, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=64,
+    settings = LearnerConfig(micro_batch_size=2, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=64,
                              max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1)
     Learner(Accelerator(), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0), Reference(model, "full", 0.0),
             LossConfig(loss_type="dapo"), settings)

@@ -9,11 +9,11 @@ import time
 import anyio
 import pytest
 import torch
-
-from agentrl.generators.base import Generation, SamplingParams
-from agentrl.generators.static_decode import StaticBatch, StaticDecoder
-from agentrl.generators.transformers import GenerationError, TransformersGenerator
 from test_generator_transformers import hf_greedy, tiny_model
+
+from agentrl.generators.hf.generator import GenerationError, TransformersGenerator
+from agentrl.generators.hf.static_decode import StaticBatch, StaticDecoder
+from agentrl.generators.protocol import Generation, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 
@@ -188,10 +188,10 @@ def test_admit_every_must_be_positive():
 
 
 def test_continuous_batching_is_opt_in():
-    from agentrl.config import GeneratorSettings
+    from agentrl.generators.config import GeneratorConfig
 
     assert TransformersGenerator(tiny_model(0), 0).continuous is False
-    assert GeneratorSettings().continuous_batching is False
+    assert GeneratorConfig().continuous_batching is False
 
 
 def test_requests_join_in_groups_of_an_eighth_of_the_batch():

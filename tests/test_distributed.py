@@ -29,10 +29,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.config import build, parse_overrides
-from agentrl.train_config import TrainConfig
-from agentrl.trainer import Trainer
+from agentrl.core.overrides import build, parse_overrides
 from agentrl.environments.calculator import CalculatorEnv
+from agentrl.train.config import TrainConfig
+from agentrl.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [

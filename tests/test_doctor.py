@@ -12,10 +12,10 @@ from chat_fixtures import assets_dir, build_tiny_tokenizer, load_asset_tokenizer
 
 from agentrl.chat import default_template
 from agentrl.chat.parsers import HermesParser, registry
-from agentrl.cli import main as cli
+from agentrl.cli.main import main as cli
+from agentrl.compute.models import bundled_model_path
 from agentrl.doctor.diff import token_diff, value_differences
 from agentrl.doctor.report import Report, write
-from agentrl.models import bundled_model_path
 
 GOOD = default_template()
 # Each broken template is agentrl's own ChatML + tools template with one realistic mutation.
@@ -337,8 +337,9 @@ def in_memory_tokenizers(monkeypatch: pytest.MonkeyPatch) -> None:
     """``model=<template name>`` loads that template on its family's tokenizer, in memory: loading
     Gemma's 262k-token tokenizer from a folder per template would take minutes (the folder path is
     tested below on a few templates)."""
-    import agentrl.doctor as doctor_module
     from chat_fixtures import trl_template, trl_tokenizer
+
+    import agentrl.doctor as doctor_module
 
     def load(spec: str) -> Any:
         tok = trl_tokenizer(spec)

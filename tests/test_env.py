@@ -10,8 +10,8 @@ from datasets import Dataset
 
 import agentrl
 from agentrl import EnvError, Reward, ToolEnvironment, check_env, make, tool
-from agentrl.check import EnvCheckError
-from agentrl.registry import UnknownEnvironment
+from agentrl.env.check import EnvCheckError
+from agentrl.env.registry import UnknownEnvironment
 
 
 @tool

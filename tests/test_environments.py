@@ -34,7 +34,7 @@ def envs() -> dict[str, Any]:
 @pytest.mark.parametrize("name", ["math_python", "sokoban", "search"])
 def test_registered_check_env_clean_and_splits_disjoint(envs: dict[str, Any], name: str) -> None:
     assert name in agentrl.registered()
-    assert agentrl.registry.resolve(name) is type(envs[name])
+    assert agentrl.env.registry.resolve(name) is type(envs[name])
     env = envs[name]
     agentrl.check_env(env)
     train, test = env.dataset("train"), env.dataset("test")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.cli import main
-from agentrl.evaluation import pass_at_k, pass_hat_k
-from agentrl.trajectory import read_jsonl
+from agentrl.cli.main import main
+from agentrl.core.trajectory import read_jsonl
+from agentrl.rollout.evaluation import pass_at_k, pass_hat_k
 
 ROOT = Path(__file__).resolve().parents[1]
 

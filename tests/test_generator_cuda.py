@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-from agentrl.generators.base import SamplingParams
-from agentrl.generators.transformers import TransformersGenerator
+from agentrl.generators.hf.generator import TransformersGenerator
+from agentrl.generators.protocol import SamplingParams
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -91,7 +91,7 @@ def test_compiled_graph_decode_matches_graph_decode():
 
 def test_sampling_on_cuda_never_draws_zero_probability_tokens():
     """A peaked 151,936-token distribution (most probabilities underflow to 0) sampled 64k times."""
-    from agentrl.generators.transformers import sample_next
+    from agentrl.generators.hf.generator import sample_next
 
     torch.manual_seed(0)
     logits = (torch.randn(512, 151936, device="cuda") * 40).to(torch.bfloat16)
@@ -104,7 +104,7 @@ def test_sampling_on_cuda_never_draws_zero_probability_tokens():
 def test_the_compiled_sampler_draws_the_tempered_distribution_with_its_logprobs():
     from test_generator_transformers import check_gumbel_max
 
-    from agentrl.generators.transformers import sample_next
+    from agentrl.generators.hf.generator import sample_next
 
     check_gumbel_max(lambda logits, inv_t: sample_next(logits, [SamplingParams(temperature=1 / inv_t)] * logits.shape[0], [None] * logits.shape[0], fused=True), "cuda")
     torch.manual_seed(0)
@@ -150,11 +150,11 @@ def test_rollouts_that_capture_again_do_not_grow_the_allocated_memory():
 def test_defaults_decode_through_cuda_graphs_and_the_compiled_step():
     """With no generator settings, a supported model on CUDA gets the static cache, graphs and the
     compiled step (issue 13: the fast path is the default), and decodes like the eager graph path."""
-    from agentrl.config import GeneratorSettings
     from agentrl.generators import build_generator
+    from agentrl.generators.config import GeneratorConfig
 
     m = model()
-    gen = build_generator(GeneratorSettings(gather_window_s=0.2), model=m, model_path="unused", pad_token_id=0, max_context=None)
+    gen = build_generator(GeneratorConfig(gather_window_s=0.2), model=m, model_path="unused", pad_token_id=0, max_context=None)
     assert gen.static is not None and gen.static._compiled is not None
     prompts = [[(11 * i + j) % 500 + 1 for j in range(2 + (3 * i) % 17)] for i in range(9)]
     greedy = SamplingParams(temperature=0, max_tokens=40)
@@ -175,9 +175,9 @@ def test_rollouts_ahead_on_cuda_train_beside_a_capturing_generator(tmp_path):
     import json
     import math
 
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     device = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
     keys = [
@@ -215,7 +215,7 @@ def test_the_keyed_sampler_on_cuda_draws_the_tempered_distribution_and_matches_t
     with exact log-probabilities on the GPU too, and the same uniforms as on the CPU."""
     from test_generator_transformers import check_gumbel_max
 
-    from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max
+    from agentrl.generators.hf.sampling import RowStreams, _compiled_keyed_gumbel_max
 
     streams = RowStreams(list(range(4096)), torch.device("cuda"))
     draw = _compiled_keyed_gumbel_max()

@@ -10,13 +10,13 @@ import pytest
 import torch
 import transformers
 
-from agentrl.generators.base import Generation, Generator, SamplingParams
-from agentrl.generators.transformers import (
+from agentrl.generators.hf.generator import (
     GenerationError,
     GeneratorClosedError,
     TransformersGenerator,
     sample_next,
 )
+from agentrl.generators.protocol import Generation, Generator, SamplingParams
 
 PROMPTS = [[5, 9, 13], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [42], [7, 7, 30, 31, 50, 2]]
 
@@ -43,7 +43,7 @@ def gen(model_path, request) -> TransformersGenerator:
     """Every behaviour test runs on both decode paths (the static one eagerly here, as a graph on CUDA)."""
     g = TransformersGenerator.from_pretrained(model_path, device="cpu", dtype=torch.float32, pad_token_id=0, gather_window_s=0.05)
     if request.param:
-        from agentrl.generators.static_decode import StaticDecoder
+        from agentrl.generators.hf.static_decode import StaticDecoder
 
         g.static = StaticDecoder(g.model, g.pad_token_id, use_graphs=False)
     return g
@@ -127,7 +127,7 @@ def test_a_sliding_window_model_prefills_every_row_whole():
 
 
 def test_shared_prefix_leaves_every_prompt_a_token_of_its_own():
-    from agentrl.generators.dynamic_decode import shared_prefix
+    from agentrl.generators.hf.dynamic_decode import shared_prefix
 
     assert shared_prefix([[1, 2, 3], [1, 2, 4], [1, 2, 3, 5]]) == 2
     assert shared_prefix([[1, 2, 3], [1, 2, 3, 4]]) == 2  # the first is all prefix: it keeps its last token
@@ -364,7 +364,7 @@ def test_min_tokens_masks_stop_tokens_until_reached(gen):
 
 
 def test_early_stops_masks_each_rows_own_stops_until_its_own_minimum():
-    from agentrl.generators.decode_steps import EarlyStops
+    from agentrl.generators.hf.decode_steps import EarlyStops
 
     params = [SamplingParams(min_tokens=2), SamplingParams(min_tokens=0), SamplingParams(min_tokens=3), SamplingParams(min_tokens=5)]
     stops = [{3, 7}, {3}, {5}, set()]  # the last row has a minimum but nothing to hold back
@@ -406,7 +406,7 @@ def check_gumbel_max(draw, device: str) -> None:
 
 def test_gumbel_max_draws_the_tempered_distribution_with_its_logprobs():
     """Eagerly and compiled (the CUDA decode path's sampler; inductor's CPU code here)."""
-    from agentrl.generators.sampling import _compiled_gumbel_max, gumbel_max
+    from agentrl.generators.hf.sampling import _compiled_gumbel_max, gumbel_max
 
     check_gumbel_max(gumbel_max, "cpu")
     check_gumbel_max(_compiled_gumbel_max(), "cpu")
@@ -521,7 +521,7 @@ def test_compiled_decode_step_compiles_once_for_every_batch_and_cache_length():
     again where it was first traced attending to the whole cache."""
     from torch._dynamo.utils import counters
 
-    from agentrl.generators.static_decode import StaticDecoder
+    from agentrl.generators.hf.static_decode import StaticDecoder
 
     m = tiny_model(0)
     plain = StaticDecoder(m, 0, use_graphs=False)
@@ -552,7 +552,7 @@ def test_compiled_decode_step_keeps_the_active_length_symbolic_when_it_equals_th
     compiled again at 256 and 384 (a Qwen3-0.6B rollout spent 216 s capturing on an H200)."""
     from torch._dynamo.utils import counters
 
-    from agentrl.generators.static_decode import ACTIVE_STEP, StaticDecoder
+    from agentrl.generators.hf.static_decode import ACTIVE_STEP, StaticDecoder
 
     config = transformers.Qwen2Config(
         vocab_size=64, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -575,7 +575,7 @@ def test_a_static_cache_is_sized_to_128_columns_and_a_live_one_that_fits_is_reus
     columns 512 of them: 1.1 GB never written); a live cache of the batch's rows that is at most
     256 longer serves a later need, so a multi-turn rollout whose needs move by a few tokens keeps
     its caches and graphs. Decoding on a reused, longer cache gives the same tokens."""
-    from agentrl.generators.static_decode import StaticDecoder
+    from agentrl.generators.hf.static_decode import StaticDecoder
 
     dec = StaticDecoder(tiny_model(0), 0, use_graphs=False)
     prompt = [[1 + j % 60 for j in range(101)]] * 8
@@ -599,7 +599,7 @@ def test_a_static_cache_is_sized_to_128_columns_and_a_live_one_that_fits_is_reus
 def test_keyed_gumbel_max_draws_the_tempered_distribution_from_each_rows_own_stream():
     """The compiled CUDA path's seeded sampler (eagerly and compiled on this CPU): the tempered
     distribution with exact log-probabilities, one stream per (key, count), whatever the batch."""
-    from agentrl.generators.sampling import RowStreams, _compiled_keyed_gumbel_max, keyed_gumbel_max
+    from agentrl.generators.hf.sampling import RowStreams, _compiled_keyed_gumbel_max, keyed_gumbel_max
 
     for draw in (keyed_gumbel_max, _compiled_keyed_gumbel_max()):
         streams = RowStreams(list(range(4096)), torch.device("cpu"))  # 4096 seeds: 4096 independent draws
@@ -621,7 +621,7 @@ def test_the_compiled_samplers_compile_once_whatever_the_temperature_or_caller()
     H200 run), and a new temperature meant another compile. One tensor per temperature now."""
     from torch._dynamo.utils import counters
 
-    from agentrl.generators.sampling import (
+    from agentrl.generators.hf.sampling import (
         RowStreams,
         _compiled_keyed_gumbel_max,
         inverse_temperature,
@@ -653,7 +653,7 @@ def test_a_seeded_request_on_the_compiled_static_path_is_the_same_alone_or_in_a_
     def fresh() -> TransformersGenerator:
         return TransformersGenerator(model, 0, static_cache=True, compile_decode=True, gather_window_s=0.2)
 
-    from agentrl.generators.sampling import _compiled_keyed_gumbel_max
+    from agentrl.generators.hf.sampling import _compiled_keyed_gumbel_max
 
     used = _compiled_keyed_gumbel_max.cache_info().hits
     alone = run_all(fresh(), [target])[0]
@@ -673,7 +673,7 @@ def test_static_decode_attends_to_the_written_columns_only_and_matches_the_dynam
     """The static path gives each step the cache's columns up to the next multiple of ACTIVE_STEP
     (one graph per length on CUDA): greedy decoding across those boundaries, with rows of other
     prompt lengths, must match the dynamic cache token for token."""
-    from agentrl.generators.static_decode import ACTIVE_STEP, StaticDecoder
+    from agentrl.generators.hf.static_decode import ACTIVE_STEP, StaticDecoder
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     prompts = [[1 + (3 * i + j) % 60 for j in range(20 + 37 * i)] for i in range(4)]  # 20-131 tokens
@@ -724,24 +724,26 @@ def test_a_step_that_samples_inside_itself_draws_what_the_host_sampler_draws(mod
 def test_sampling_inside_the_step_is_on_by_default_and_off_from_the_config():
     """generator.sample_in_step reaches the transformers generator: on by default (it applies only
     to the compiled static step), ``false`` turns it off, and other backends refuse it by name."""
-    from agentrl.config import ConfigError, GeneratorSettings, build, parse_overrides
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.core.strict import ConfigError
     from agentrl.generators import build_generator
+    from agentrl.generators.config import GeneratorConfig
 
     model = tiny_model(0)
-    assert GeneratorSettings().sample_in_step is True
-    off = build(GeneratorSettings, parse_overrides(["sample_in_step=false"]))
+    assert GeneratorConfig().sample_in_step is True
+    off = build(GeneratorConfig, parse_overrides(["sample_in_step=false"]))
     gen = build_generator(off, model_path="unused", pad_token_id=0, max_context=None, model=model)
     assert gen.sample_in_step is False
-    assert build_generator(GeneratorSettings(), model_path="unused", pad_token_id=0, max_context=None, model=model).sample_in_step is True
+    assert build_generator(GeneratorConfig(), model_path="unused", pad_token_id=0, max_context=None, model=model).sample_in_step is True
     with pytest.raises((ValueError, ConfigError), match="sample_in_step: only for backend=transformers"):
-        build(GeneratorSettings, parse_overrides(["backend=vllm-server", "sample_in_step=true"]))
+        build(GeneratorConfig, parse_overrides(["backend=vllm-server", "sample_in_step=true"]))
 
 
 def test_keyed_uniforms_stay_strictly_inside_the_unit_interval_at_the_extreme_hashes():
     """A hash of all ones once made u == 1.0 (float32 rounding), an infinite Gumbel noise and a
     uniformly random winner: ~0.9% of draws at a 151,936-token vocabulary, too rare for the
     distribution tests to see. Every 32-bit hash must give 0 < u < 1 and a finite noise."""
-    from agentrl.generators.sampling import _unit_interval
+    from agentrl.generators.hf.sampling import _unit_interval
 
     bits = torch.tensor([0, 1, 2**31, 2**32 - 512, 2**32 - 257, 2**32 - 2, 2**32 - 1], dtype=torch.long)
     for compiled in (False, True):

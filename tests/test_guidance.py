@@ -10,24 +10,27 @@ import pytest
 import torch
 from chat_fixtures import TOOLS, load_asset_tokenizer, tool_call
 
-from agentrl.batch import build_batch
 from agentrl.chat import get_chat_format
-from agentrl.config import ConfigError, build, parse_overrides
+from agentrl.compute.models import load_tokenizer
+from agentrl.core.overrides import build, parse_overrides
+from agentrl.core.strict import ConfigError
+from agentrl.core.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
 from agentrl.environments.calculator import CalculatorEnv
-from agentrl.generators.base import SamplingParams
-from agentrl.generators.transformers import TransformersGenerator
-from agentrl.guidance import merge_guided
-from agentrl.models import load_tokenizer
+from agentrl.generators.hf.generator import TransformersGenerator
+from agentrl.generators.protocol import SamplingParams
+from agentrl.learn.batch import build_batch
 from agentrl.rollout import RolloutConfig, RolloutEngine, rollout_metrics
-from agentrl.train_config import TrainConfig
-from agentrl.trainer import Trainer
-from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+from agentrl.rollout.guidance import GuidedRollouts, merge_guided
+from agentrl.train.config import TrainConfig
+from agentrl.train.trainer import Trainer
 
 
 def rollout(model, fmt, env, tasks, n, guidance=True, temperature=1.0):
     gen = TransformersGenerator(model, pad_token_id=fmt.tokenizer.pad_token_id, gather_window_s=0.002)
     config = RolloutConfig(max_tokens_per_turn=48, max_completion_tokens=256, max_context=1024)
-    engine = RolloutEngine(gen, fmt, config, SamplingParams(temperature=temperature, seed=1), guidance=guidance)
+    engine = RolloutEngine(gen, fmt, config, SamplingParams(temperature=temperature, seed=1))
+    if guidance:
+        engine = GuidedRollouts(engine)
 
     async def main():
         try:
@@ -166,10 +169,11 @@ def test_demonstrated_tokens_are_trained_as_on_policy_tokens():
     import transformers
     from accelerate import Accelerator
 
-    from agentrl.learner import Learner, LearnSettings
-    from agentrl.logprobs import completion_logprobs
-    from agentrl.losses import LossConfig
-    from agentrl.reference import Reference
+    from agentrl.compute.logprobs import completion_logprobs
+    from agentrl.compute.reference import Reference
+    from agentrl.learn.config import LearnerConfig
+    from agentrl.learn.learner import Learner
+    from agentrl.learn.losses import LossConfig
 
     def demo_groups():
         g = torch.Generator().manual_seed(0)
@@ -190,7 +194,7 @@ def test_demonstrated_tokens_are_trained_as_on_policy_tokens():
                                        head_dim=16, intermediate_size=64)
         model = transformers.Qwen2ForCausalLM(cfg).float().train()
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        settings = LearnSettings(micro_batch_size=4, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=64,
+        settings = LearnerConfig(micro_batch_size=4, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=64,
                                  max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1)
         learner = Learner(Accelerator(cpu=True), model, opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
                           Reference(model, "full", 0.0), LossConfig(loss_type="dapo"), settings)

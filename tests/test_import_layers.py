@@ -1,39 +1,49 @@
-"""The import structure docs/architecture.md states: no cycles, and no module importing a higher layer.
+"""The folder rule docs/architecture.md states: each folder of agentrl is one side of the system, and
+a side imports only the sides below it; no import cycles; every module is listed in the doc.
 
 Imports are read from the source (module-level and inside functions, not ``TYPE_CHECKING``
-blocks), so a lazy import that would form a cycle or reach upwards fails here too; every module
-is then imported for real in a fresh interpreter. Keep LAYERS and the doc's table in step.
+blocks), so a lazy import that reaches across a side or forms a cycle fails here too; every module
+is then imported for real in a fresh interpreter. Keep MAY_IMPORT and the doc's table in step.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"agentrl": "agentrl", "environments": "agentrl.environments", "tools": "agentrl.tools"}
 
-# Lowest first. A module may import its own layer and the layers below it. Longest prefix wins.
-LAYERS: list[tuple[str, list[str]]] = [
-    ("foundation", ["agentrl.strict", "agentrl.loading", "agentrl.models", "agentrl.bundled", "agentrl.logprobs", "agentrl.head_tiles", "agentrl.compile_layers",
-                    "agentrl.losses", "agentrl.checkpoint", "agentrl.optim_offload", "agentrl.optim_8bit", "agentrl.plot", "agentrl.config_help",
-                    "agentrl.reference"]),
-    ("tools and chat formats", ["agentrl.tool", "agentrl.tool_threads", "agentrl.sandbox", "agentrl.replay", "agentrl.dispatch", "agentrl.chat"]),
-    ("environments", ["agentrl.trajectory", "agentrl.env", "agentrl.sync", "agentrl.registry", "agentrl.check", "agentrl.tools", "agentrl.environments"]),
-    ("generators", ["agentrl.generators"]),
-    ("rollout", ["agentrl.rollout", "agentrl.guidance", "agentrl.rewards", "agentrl.evaluation", "agentrl.observe"]),
-    ("config", ["agentrl.config", "agentrl.train_config", "agentrl.validate", "agentrl.group_selection", "agentrl.curriculum"]),
-    ("commands", ["agentrl.trainer", "agentrl.group_draw", "agentrl.interrupt", "agentrl.distributed", "agentrl.sharded", "agentrl.rollout_ahead", "agentrl.batch", "agentrl.learner", "agentrl.train_setup", "agentrl.train_state", "agentrl.curve", "agentrl.doctor", "agentrl.viewer", "agentrl.viewer_html", "agentrl.viewer_cli",
-                  "agentrl.generators.vllm_serve"]),
-    ("entry points", ["agentrl.cli", "agentrl"]),
-]
-# Environments and tools know nothing of tokens, models or training: only these (and each other).
-ENV_SIDE = ("agentrl.environments", "agentrl.tools")
-ENV_SIDE_MAY_IMPORT = ("agentrl.env", "agentrl.tool", "agentrl.dispatch", "agentrl.chat.types", "agentrl.strict", "agentrl.sync", "agentrl.sandbox", *ENV_SIDE)
+BELOW_TRAIN = {"core", "env", "chat", "compute", "generators", "rollout", "learn", "observe", "bundled"}
+# side -> the other sides it may import. A module may always import its own side.
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": set(),
+    "bundled": set(),
+    "env": {"core"},
+    "chat": {"core"},
+    "compute": {"core", "bundled"},
+    "generators": {"core", "compute", "bundled"},
+    "rollout": {"core", "env", "chat", "compute", "generators", "bundled"},
+    "learn": {"core", "compute"},
+    "observe": {"core", "compute", "bundled"},
+    "train": BELOW_TRAIN,
+    "doctor": BELOW_TRAIN | {"train"},
+    "cli": BELOW_TRAIN | {"train", "doctor"},
+    "environments": {"core", "env", "tools"},
+    "tools": {"core", "env"},
+    "": BELOW_TRAIN | {"train", "doctor", "cli"},  # the package itself (public API) and __main__
+}
+
+
+def side(module: str) -> str:
+    """``agentrl.train.trainer`` -> ``train``; ``agentrl`` and ``agentrl.__main__`` -> ``""``."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return ""
+    return parts[1]
 
 
 def modules() -> dict[str, Path]:
@@ -71,15 +81,6 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 sub = f"{module}.{alias.name}"
                 found.add(sub if sub in known else module)
     return {m for m in found if m in known and m != name}
-
-
-def layer_of(name: str) -> int:
-    best, level = -1, -1
-    for i, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
-                best, level = len(prefix), i
-    return level
 
 
 def graph() -> dict[str, set[str]]:
@@ -122,41 +123,47 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_every_module_has_a_layer():
-    assert [m for m in modules() if layer_of(m) < 0] == []
+def test_every_module_is_in_a_side():
+    assert sorted(m for m in modules() if side(m) not in MAY_IMPORT) == []
+
+
+def test_the_package_top_holds_only_the_public_api():
+    top = sorted(p.name for p in (ROOT / "agentrl").glob("*.py"))
+    assert top == ["__init__.py", "__main__.py"]
+
+
+def test_every_side_says_what_it_is():
+    """Each subpackage's __init__ opens with a docstring."""
+    missing = [str(p.relative_to(ROOT)) for p in (ROOT / "agentrl").rglob("__init__.py") if ast.get_docstring(ast.parse(p.read_text())) is None]
+    assert missing == []
 
 
 def test_no_import_cycles():
     assert cycles(graph()) == []
 
 
-def test_no_module_imports_a_higher_layer():
-    bad = [
-        f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
-        for a, targets in sorted(graph().items())
+def crossings(g: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{a} ({side(a) or 'agentrl'}) imports {b} ({side(b) or 'agentrl'})"
+        for a, targets in sorted(g.items())
         for b in sorted(targets)
-        if layer_of(b) > layer_of(a)
+        if side(b) != side(a) and side(b) not in MAY_IMPORT.get(side(a), set())
     ]
-    assert bad == []
 
 
-def test_environments_and_tools_import_only_the_environment_layer():
-    bad = [
-        f"{a} imports {b}"
-        for a, targets in sorted(graph().items())
-        if a.startswith(ENV_SIDE)
-        for b in sorted(targets)
-        if not any(b == p or b.startswith(p + ".") for p in ENV_SIDE_MAY_IMPORT)
-    ]
-    assert bad == []
+def test_no_module_imports_across_the_folder_rule():
+    assert crossings(graph()) == []
 
 
 def test_the_checker_catches_what_it_should():
-    """The analysis itself: a lazy upward import and a two-module cycle are both found."""
-    g = {"agentrl.trajectory": {"agentrl.trainer"}, "agentrl.trainer": {"agentrl.trajectory"}}
-    assert cycles(g) == [["agentrl.trainer", "agentrl.trajectory"]]
-    assert layer_of("agentrl.trainer") > layer_of("agentrl.trajectory")
-    assert layer_of("agentrl.generators.vllm_serve") > layer_of("agentrl.generators.base")
+    """The analysis itself: an import across sides and a two-module cycle are both found."""
+    g = {"agentrl.core.trajectory": {"agentrl.train.trainer"}, "agentrl.train.trainer": {"agentrl.core.trajectory"}}
+    assert cycles(g) == [["agentrl.core.trajectory", "agentrl.train.trainer"]]
+    assert crossings(g) == ["agentrl.core.trajectory (core) imports agentrl.train.trainer (train)"]
+    assert crossings({"agentrl.env.dispatch": {"agentrl.chat.base"}}) == ["agentrl.env.dispatch (env) imports agentrl.chat.base (chat)"]
+    assert crossings({"agentrl.learn.learner": {"agentrl.rollout.engine"}}) != []
+    assert crossings({"agentrl.environments.calculator": {"agentrl.generators.protocol"}}) != []
+    assert crossings({"agentrl.rollout.engine": {"agentrl.generators.protocol", "agentrl.env.dispatch", "agentrl.core.records"}}) == []
 
 
 def test_every_module_imports():
@@ -167,7 +174,23 @@ def test_every_module_imports():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("doc", ["docs/architecture.md"])
-def test_doc_names_every_layer(doc):
-    text = (ROOT / doc).read_text()
-    assert all(f"**{name}**" in text for name, _ in LAYERS)
+DOC = ROOT / "docs" / "architecture.md"
+
+
+def documented_modules() -> set[str]:
+    """Every ``agentrl/...py`` path in the doc's module table, as a module name."""
+    text = DOC.read_text()
+    table = text[text.index("## Modules"):text.index("## Contracts")]
+    return {p.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for p in re.findall(r"`(agentrl/[\w/]+\.py)`", table)}
+
+
+def test_the_doc_lists_every_module_and_no_other():
+    actual = {m for m in modules() if m.startswith("agentrl") and not m.startswith(("agentrl.environments", "agentrl.tools"))}
+    listed = documented_modules()
+    assert sorted(actual - listed) == [], "modules missing from docs/architecture.md"
+    assert sorted(listed - actual) == [], "docs/architecture.md lists modules that do not exist"
+
+
+def test_the_doc_states_the_rule_of_every_side():
+    text = DOC.read_text()
+    assert all(f"**{name}/**" in text for name in MAY_IMPORT if name and name not in ("environments", "tools"))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from agentrl.trainer import Trainer
+from agentrl.train.trainer import Trainer
 
 ARGS = ["prompts_per_step=2", "num_generations=2", "micro_batch_size=4", "rollout.max_tokens_per_turn=24", "rollout.max_completion_tokens=96", "save_every=0"]
 
@@ -31,7 +31,7 @@ def test_ctrl_c_with_dynamic_sampling_and_curriculum(tmp_path):
 
 def interrupt_and_resume(tmp_path, extra: list[str]) -> None:
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "agentrl.cli", "train", *ARGS, *extra, "max_steps=500", f"output_dir={run}"]
+    cmd = [sys.executable, "-m", "agentrl.cli.main", "train", *ARGS, *extra, "max_steps=500", f"output_dir={run}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     metrics = run / "metrics.jsonl"
     deadline = time.monotonic() + 240
@@ -51,8 +51,8 @@ def interrupt_and_resume(tmp_path, extra: list[str]) -> None:
     assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
     assert str(ckpt) in lines[0] and "resume=latest" in lines[0]
 
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
 
     resumed = Trainer(build(TrainConfig, parse_overrides([*ARGS, *extra, f"max_steps={step + 1}", f"output_dir={run}", "resume=latest"])))
     assert resumed.step == step

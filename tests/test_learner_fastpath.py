@@ -16,11 +16,12 @@ import torch
 import transformers
 from accelerate import Accelerator
 
-from agentrl.batch import build_batch
-from agentrl.learner import Learner, LearnSettings
-from agentrl.losses import LossConfig
-from agentrl.reference import Reference
-from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+from agentrl.compute.reference import Reference
+from agentrl.core.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+from agentrl.learn.batch import build_batch
+from agentrl.learn.config import LearnerConfig
+from agentrl.learn.learner import Learner
+from agentrl.learn.losses import LossConfig
 
 V = 200
 OLD = dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=True)
@@ -58,7 +59,7 @@ def train(variant: dict, beta: float, iterations: int) -> tuple[list[dict], dict
     model = transformers.Qwen2ForCausalLM(cfg).float().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
-    settings = LearnSettings(
+    settings = LearnerConfig(
         micro_batch_size=3, num_iterations=iterations, steps_per_generation=1, temperature=0.9, logprob_chunk_size=7,
         max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1, **variant,
     )

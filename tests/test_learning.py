@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 
-from agentrl.config import build, parse_overrides
-from agentrl.train_config import TrainConfig
-from agentrl.trainer import Trainer
+from agentrl.core.overrides import build, parse_overrides
+from agentrl.train.config import TrainConfig
+from agentrl.train.trainer import Trainer
 
 STEPS = 45
 TASKS = 300

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from agentrl.logprobs import positions_from_mask, token_logprobs
+from agentrl.compute.logprobs import positions_from_mask, token_logprobs
 
 
 def tiny_model(seed: int = 0) -> transformers.Qwen2ForCausalLM:
@@ -164,7 +164,7 @@ def test_completion_logprobs_match_left_padded_layout():
         rows.append((ids[:p_len], ids[p_len:]))
     left, attn, right, starts, C = _layouts(rows)
     model = tiny_model()
-    from agentrl.logprobs import completion_logprobs
+    from agentrl.compute.logprobs import completion_logprobs
 
     with torch.no_grad():
         ref, ref_ent = token_logprobs(model, left, attn, logits_to_keep=C, temperature=0.8, chunk_size=5, return_entropy=True)
@@ -188,7 +188,7 @@ def test_completion_logprobs_match_left_padded_layout():
 def test_bf16_backward_finite_with_long_left_prompts_gap():
     """Regression (H100, multi-turn calculator): rows whose prompts differ by tens of tokens made the
     bf16 backward of the left-padded layout non-finite; the right-padded layout must stay finite."""
-    from agentrl.logprobs import completion_logprobs
+    from agentrl.compute.logprobs import completion_logprobs
 
     torch.manual_seed(0)
     cfg = transformers.Qwen2Config(vocab_size=1024, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,

@@ -15,9 +15,9 @@ import torch
 import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from agentrl import logprobs
-from agentrl.logprobs import completion_logprobs, linear_logprobs, token_logprobs
-from agentrl.train_setup import enable_gradient_checkpointing
+from agentrl.compute import logprobs
+from agentrl.compute.logprobs import completion_logprobs, linear_logprobs, token_logprobs
+from agentrl.train.build import enable_gradient_checkpointing
 
 V = 300
 

@@ -7,13 +7,13 @@ import math
 import pytest
 import torch
 
-from agentrl.losses import (
+from agentrl.learn.losses import (
     LOSSES,
     LossConfig,
     StepCounts,
     count_active_tokens,
-    local_counts,
     group_advantages,
+    local_counts,
     log_ratio,
     policy_loss,
     register_loss,
@@ -500,7 +500,7 @@ def test_ratio_weighted_kl(level):
 # ---- a loss from a user's file or module ---------------------------------------------------------
 
 USER_LOSS = '''
-from agentrl.losses import register_loss
+from agentrl.learn.losses import register_loss
 
 
 @register_loss("{name}", aggregation="sequence_mean")

@@ -21,7 +21,7 @@ trl = pytest.importorskip("trl", minversion="1.16")
 import transformers  # noqa: E402
 from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 
-from agentrl.losses import LossConfig, StepCounts, local_counts, policy_loss  # noqa: E402
+from agentrl.learn.losses import LossConfig, StepCounts, local_counts, policy_loss  # noqa: E402
 
 TEMPERATURE = 0.7
 MAX_COMPLETION = 12

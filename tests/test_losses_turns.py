@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from agentrl.losses import compute_advantages, turn_level_advantages, turns_to_tokens
+from agentrl.learn.losses import compute_advantages, turn_level_advantages, turns_to_tokens
 
 # A two-parameter agent: turn 0 answers directly (P = 1 - p0, reward 0.9, episode over) or calls a
 # tool (reward 0.3 for a well-formed call, a second turn follows); turn 1 answers right with P = p1

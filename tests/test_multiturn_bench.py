@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import multiturn_bench as mb  # noqa: E402
 
-from agentrl.config import build, parse_overrides  # noqa: E402
-from agentrl.train_config import TrainConfig  # noqa: E402
-from agentrl.train_state import TrainState  # noqa: E402
+from agentrl.core.overrides import build, parse_overrides  # noqa: E402
+from agentrl.train.config import TrainConfig  # noqa: E402
+from agentrl.train.state import TrainState  # noqa: E402
 
 
 def agentrl_config(P: int = 4, G: int = 2, steps: int = 3) -> TrainConfig:

@@ -12,11 +12,12 @@ from safetensors.torch import load_file
 
 pytest.importorskip("bitsandbytes", reason="bitsandbytes is in the dev extra; the 8-bit optimizer is optional")
 
-from agentrl.checkpoint import CheckpointError  # noqa: E402
-from agentrl.config import ConfigError, build, parse_overrides  # noqa: E402
-from agentrl.optim_8bit import adamw_8bit, choose_optimizer  # noqa: E402
-from agentrl.train_config import TrainConfig  # noqa: E402
-from agentrl.trainer import Trainer  # noqa: E402
+from agentrl.compute.optim.eight_bit import adamw_8bit, choose_optimizer  # noqa: E402
+from agentrl.core.overrides import build, parse_overrides  # noqa: E402
+from agentrl.core.strict import ConfigError
+from agentrl.train.checkpoint import CheckpointError  # noqa: E402
+from agentrl.train.config import TrainConfig  # noqa: E402
+from agentrl.train.trainer import Trainer  # noqa: E402
 
 HYPER = {"lr": 1e-4, "betas": (0.9, 0.99), "eps": 1e-8, "weight_decay": 0.0}
 
@@ -66,14 +67,14 @@ def test_weights_track_float32_adamw_closely():
         ("auto", {"cuda": True}, "adamw_8bit", "8-bit moments"),
         ("auto", {"cuda": False}, "adamw", ""),
         ("auto", {"cuda": True, "full_finetune": False}, "adamw", ""),
-        ("auto", {"cuda": True, "sharded": True}, "adamw", ""),
+        ("auto", {"cuda": True, "takes_8bit": False}, "adamw", ""),
         ("auto", {"cuda": True, "offload": True}, "adamw", ""),
         ("adamw", {"cuda": True}, "adamw", ""),
         ("adamw_8bit", {"cuda": False}, "adamw_8bit", ""),
     ],
 )
 def test_auto_chooses_8bit_for_full_fine_tuning_on_cuda(wanted, kw, name, says):
-    args = {"offload": False, "cuda": False, "full_finetune": True, "sharded": False, **kw}
+    args = {"offload": False, "cuda": False, "full_finetune": True, "takes_8bit": True, **kw}
     got, line = choose_optimizer(wanted, **args)
     assert got == name and (says in line if says else line == "")
 
@@ -83,7 +84,7 @@ def test_auto_without_bitsandbytes_says_how_to_get_it(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "bitsandbytes" else real(n, *a))
-    got, line = choose_optimizer("auto", offload=False, cuda=True, full_finetune=True, sharded=False)
+    got, line = choose_optimizer("auto", offload=False, cuda=True, full_finetune=True)
     assert got == "adamw" and "bitsandbytes is not installed" in line and "agentrl[gpu]" in line
 
 
@@ -134,7 +135,7 @@ def test_a_broken_bitsandbytes_falls_back_under_auto_and_fails_when_asked_for(mo
     an explicit optimizer=adamw_8bit is one ConfigError naming it."""
     import builtins
 
-    from agentrl.train_setup import build_optimizer
+    from agentrl.train.build import build_optimizer
 
     real_import = builtins.__import__
 

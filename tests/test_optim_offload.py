@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from agentrl.optim_offload import OffloadedAdamW
+from agentrl.compute.optim.offload import OffloadedAdamW
 
 
 def _params(device: str) -> list[torch.nn.Parameter]:

@@ -1,4 +1,4 @@
-"""agentrl.plot: a dependency-free PNG line chart, checked with a tiny decoder written here."""
+"""agentrl.observe.plot: a dependency-free PNG line chart, checked with a tiny decoder written here."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.plot import PALETTE, smooth, write_curve_png
+from agentrl.observe.plot import PALETTE, smooth, write_curve_png
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

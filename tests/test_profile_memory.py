@@ -46,8 +46,8 @@ def test_the_peak_and_what_is_alive_at_it_by_site():
     sites = {s["site"]: (s["gib"], s["n"]) for s in out["sites"]}
     leak = "call @ qwen2/modeling_qwen2.py:206 forward < generators/static_decode.py:325 forward"
     assert sites[leak] == (round(64 / 1024, 3), 2)  # both steps' never-freed blocks, the freed ones gone
-    assert sites["forward @ agentrl/learner.py:196 _step"] == (round(100 / 1024, 3), 1)
-    assert out["peak_made_by"] == "forward @ agentrl/learner.py:196 _step"
+    assert sites["forward @ agentrl/learn/learner.py:196 _step"] == (round(100 / 1024, 3), 1)
+    assert out["peak_made_by"] == "forward @ agentrl/learn/learner.py:196 _step"
     watched = next(s for s in out["stacks"] if s["site"] == leak)
     assert watched["event"] == 0 and watched["stream"] == 7 and watched["sizes_mib"] == [32.0]  # made in the first step
     assert watched["frames"][0] == "_inductor/out.py:9 call"

@@ -14,11 +14,11 @@ import torch
 
 from agentrl import ToolEnvironment, tool
 from agentrl.chat import get_chat_format
+from agentrl.compute.models import load_model, load_tokenizer
+from agentrl.env.replay import REPLAY_ENV, ReplayMiss, ToolTape, record_tools, replay_tools
 from agentrl.environments.calculator import CalculatorEnv, correct
-from agentrl.generators.base import SamplingConfig
-from agentrl.generators.transformers import TransformersGenerator
-from agentrl.models import load_model, load_tokenizer
-from agentrl.replay import REPLAY_ENV, ReplayMiss, ToolTape, record_tools, replay_tools
+from agentrl.generators.config import SamplingConfig
+from agentrl.generators.hf.generator import TransformersGenerator
 from agentrl.rollout import RolloutConfig, RolloutEngine
 
 CALLS: list[str] = []

@@ -11,10 +11,10 @@ import torch
 
 from agentrl import ToolEnvironment
 from agentrl.chat import get_chat_format
-from agentrl.generators.base import Generation, SamplingParams
-from agentrl.generators.transformers import TransformersGenerator
-from agentrl.models import load_model, load_tokenizer
-from agentrl.rewards import JudgeReward, RewardModel, parse_score
+from agentrl.compute.models import load_model, load_tokenizer
+from agentrl.generators.hf.generator import TransformersGenerator
+from agentrl.generators.protocol import Generation, SamplingParams
+from agentrl.rollout.rewards import JudgeReward, RewardModel, parse_score
 
 
 @pytest.fixture(scope="module")

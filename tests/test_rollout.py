@@ -11,11 +11,11 @@ import torch
 
 from agentrl import Reward, ToolEnvironment, make, tool
 from agentrl.chat import default_template, get_chat_format
+from agentrl.core.trajectory import Sample, Trajectory, read_jsonl, write_jsonl
 from agentrl.environments.calculator import CalculatorEnv, correct
-from agentrl.generators.base import SamplingParams
-from agentrl.generators.transformers import TransformersGenerator
+from agentrl.generators.hf.generator import TransformersGenerator
+from agentrl.generators.protocol import SamplingParams
 from agentrl.rollout import RolloutConfig, RolloutEngine, rollout_metrics
-from agentrl.trajectory import Sample, Trajectory, read_jsonl, write_jsonl
 
 
 def engine_for(model, fmt, **cfg) -> RolloutEngine:

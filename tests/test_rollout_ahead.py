@@ -16,9 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.config import ConfigError, build, parse_overrides
-from agentrl.train_config import TrainConfig
-from agentrl.trainer import Trainer
+from agentrl.core.overrides import build, parse_overrides
+from agentrl.core.strict import ConfigError
+from agentrl.train.config import TrainConfig
+from agentrl.train.trainer import Trainer
 
 SMALL = ["prompts_per_step=2", "num_generations=4", "micro_batch_size=4", "rollout.max_tokens_per_turn=32",
          "rollout.max_completion_tokens=160", "learning_rate=2e-5", "samples_per_log=1"]
@@ -116,7 +117,7 @@ def test_async_vs_dp_benchmark_logic_on_cpu():
 def test_background_failure_stops_the_run_with_a_clear_error(tmp_path):
     """The background generator fails at its second batch: the trainer raises one error that says
     which step and why, instead of waiting forever, and the background thread is stopped."""
-    from agentrl.rollout_ahead import RolloutAheadError
+    from agentrl.rollout.ahead import RolloutAheadError
 
     trainer = Trainer(build(TrainConfig, parse_overrides([*SMALL, f"output_dir={tmp_path}", "max_steps=3", "max_staleness=1"])))
     original, calls = trainer.ahead.generator.begin_rollout, []
@@ -162,7 +163,7 @@ def test_the_generators_compiled_step_survives_the_learner_compiling_on_another_
     the learner's first steps compile its layers. FX's tracing flag is one for the process, so that
     call raised "using FX to symbolically trace a dynamo-optimized function" and every episode of
     the batch failed (H200, tests/test_generator_cuda.py). Starting rollouts ahead allows it."""
-    from agentrl.compile_layers import allow_compiled_calls_beside_tracing
+    from agentrl.compute.compile_layers import allow_compiled_calls_beside_tracing
 
     # torch's default, restored after by dynamo's own patch: pytest's monkeypatch deletes the
     # setting on undo, which hid it from torch.utils.checkpoint in every later test

@@ -31,11 +31,11 @@ from chat_fixtures import TOOLS, load_asset_tokenizer
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from agentrl.chat import ChatFormat, get_chat_format
-from agentrl.env import Environment
-from agentrl.generators.base import SamplingConfig
-from agentrl.generators.transformers import TransformersGenerator
+from agentrl.core.trajectory import Trajectory
+from agentrl.env.environment import Environment
+from agentrl.generators.config import SamplingConfig
+from agentrl.generators.hf.generator import TransformersGenerator
 from agentrl.rollout import RolloutConfig, RolloutEngine, rollout_metrics
-from agentrl.trajectory import Trajectory
 
 TURNS = 5
 ALLOWED = ["<think>", "</think>", "\n", "\n\n", "Hello", " world", " sum", " 42", ".", "<|im_end|>", "<|im_end|>"]

@@ -20,8 +20,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agentrl.dispatch import dispatch
-from agentrl.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, _probe, _pythons
+from agentrl.env.dispatch import dispatch
+from agentrl.env.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, _probe, _pythons
 from agentrl.tools.python import PythonTool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -314,7 +314,7 @@ def test_cancelling_a_run_kills_it() -> None:
 
 def test_fallback_warns_once_and_limits_still_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     """With no isolation available, auto mode warns loudly once and keeps the rlimits."""
-    import agentrl.sandbox as sb
+    import agentrl.env.sandbox as sb
 
     monkeypatch.setattr(sb, "_PROBED", {k: v for k, v in sb._PROBED.items() if k[0] == "none"})
     real = sb._probe
@@ -336,7 +336,7 @@ def test_fallback_warns_once_and_limits_still_hold(monkeypatch: pytest.MonkeyPat
 
 
 def test_require_isolation_refuses_without_isolation(monkeypatch: pytest.MonkeyPatch) -> None:
-    import agentrl.sandbox as sb
+    import agentrl.env.sandbox as sb
 
     monkeypatch.setattr(sb, "_probe", lambda backend, c, p: backend == "none")
     with pytest.raises(SandboxUnavailable, match="require_isolation=True"):

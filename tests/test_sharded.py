@@ -14,10 +14,21 @@ import sys
 
 import pytest
 import torch
-from test_distributed import TOL, assert_same_run, final_weights, free_port, launch_with_fault, metrics, reference, run, train_args
+from test_distributed import (
+    TOL,
+    assert_same_run,
+    final_weights,
+    free_port,
+    launch_with_fault,
+    metrics,
+    reference,
+    run,
+    train_args,
+)
 
-from agentrl.config import ConfigError, build, parse_overrides
-from agentrl.train_config import TrainConfig
+from agentrl.core.overrides import build, parse_overrides
+from agentrl.core.strict import ConfigError
+from agentrl.train.config import TrainConfig
 
 # 3 tasks x 3 episodes x 2 optimizer steps per generation batch: 9 rows per step, 5 and 4 per
 # rank, micro-batches of 2: one rank runs 3 forwards, the other 2 real ones plus a zero-weighted

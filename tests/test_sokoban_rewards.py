@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from agentrl.environments.sokoban import Board, SokobanEnv, scripted_move
-from agentrl.losses import compute_advantages
+from agentrl.learn.losses import compute_advantages
 
 
 def call(direction: str) -> dict[str, Any]:

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentrl.cli import main
+from agentrl.cli.main import main
+from agentrl.core.trajectory import read_jsonl
 from agentrl.environments.sokoban import MOVES
-from agentrl.trajectory import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "train_default_model.py"

@@ -7,16 +7,17 @@ from collections import Counter
 
 import pytest
 
-from agentrl.config import ConfigError, build, parse_overrides
-from agentrl.curriculum import Curriculum, CurriculumSettings
+from agentrl.core.overrides import build, parse_overrides
+from agentrl.core.strict import ConfigError
+from agentrl.core.trajectory import Trajectory, TrajectoryGroup
+from agentrl.env.registry import register
 from agentrl.environments.calculator import CalculatorEnv
-from agentrl.group_draw import GroupDraw, train_seed
-from agentrl.group_selection import DynamicSampling, GroupSelector, informative
-from agentrl.registry import register
-from agentrl.train_state import TrainState
-from agentrl.train_config import TrainConfig
-from agentrl.trainer import Trainer
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.train.config import CurriculumConfig, DynamicSamplingConfig, TrainConfig
+from agentrl.train.curriculum import Curriculum
+from agentrl.train.draw import GroupDraw, train_seed
+from agentrl.train.selection import GroupSelector, informative
+from agentrl.train.state import TrainState
+from agentrl.train.trainer import Trainer
 
 
 def group(rewards: list[float], difficulty: int = 1, errors: int = 0) -> TrajectoryGroup:
@@ -34,7 +35,7 @@ def test_informative_needs_varied_rewards_of_finished_episodes():
 
 
 def test_selector_keeps_varied_groups_refills_and_stops_at_its_bound():
-    settings = DynamicSampling(enabled=True, max_rounds=2, max_draw_factor=4)
+    settings = DynamicSamplingConfig(enabled=True, max_rounds=2, max_draw_factor=4)
     sel = GroupSelector(target=4, settings=settings)
     sel.add([group([0, 1]), group([0, 0]), group([1, 1]), group([0, 0])])
     assert len(sel.kept) == 1 and sel.dropped == 3
@@ -94,7 +95,7 @@ def test_group_draw_refills_with_the_round_seed_and_reports_what_it_kept():
 
 def test_curriculum_draws_more_from_informative_buckets_and_keeps_a_floor():
     data = [{"difficulty": d, "i": i} for i in range(300) for d in (1, 2, 3)]
-    cur = Curriculum(data, CurriculumSettings(key="difficulty", floor=0.1, smoothing=0.5), seed=0)
+    cur = Curriculum(data, CurriculumConfig(key="difficulty", floor=0.1, smoothing=0.5), seed=0)
     first = Counter(t["difficulty"] for t in cur.next_tasks(600))
     assert all(150 < first[d] < 250 for d in (1, 2, 3)), first  # unseen buckets: equal weight
     # level 1 always solved, level 3 never: only level 2 varies
@@ -108,11 +109,11 @@ def test_curriculum_draws_more_from_informative_buckets_and_keeps_a_floor():
 
 def test_curriculum_walks_each_bucket_without_repeats_and_resumes_exactly():
     data = [{"difficulty": 1 + i % 2, "i": i} for i in range(20)]
-    cur = Curriculum(data, CurriculumSettings(key="difficulty"), seed=3)
+    cur = Curriculum(data, CurriculumConfig(key="difficulty"), seed=3)
     first = [t["i"] for t in cur.next_tasks(10)]
     saved = json.loads(json.dumps(cur.state_dict()))  # it travels in trainer_state.json
     rest = [t["i"] for t in cur.next_tasks(25)]
-    again = Curriculum(data, CurriculumSettings(key="difficulty"), seed=3)
+    again = Curriculum(data, CurriculumConfig(key="difficulty"), seed=3)
     again.load_state_dict(saved)
     assert [t["i"] for t in again.next_tasks(25)] == rest
     by_bucket: dict[int, list[int]] = {1: [], 2: []}
@@ -132,10 +133,10 @@ def test_a_curriculum_drawn_ahead_gives_the_trainer_the_same_tasks_whenever_grou
     """The background thread draws batch T before the batches in front of it are back; the
     trainer draws T later, knowing more. Both fold in only the groups of batches before T - lag,
     so they draw the same tasks, and those groups do steer the draw."""
-    from agentrl.group_draw import AheadTasks
+    from agentrl.train.draw import AheadTasks
 
     data = [{"difficulty": d, "i": i} for i in range(200) for d in (1, 2, 3)]
-    settings = CurriculumSettings(key="difficulty", floor=0.05, smoothing=0.5)
+    settings = CurriculumConfig(key="difficulty", floor=0.05, smoothing=0.5)
     trainer = AheadTasks(TrainState(seed=0, order=[]), data, Curriculum(data, settings, seed=0), lag=2, min_std=0.0)
     batch = [trainer.next_tasks(0, 8)]  # the trainer's first draw; the background clones it after
     ahead = trainer.clone()
@@ -166,7 +167,7 @@ def test_a_curriculum_drawn_ahead_gives_the_trainer_the_same_tasks_whenever_grou
 
 def test_curriculum_key_must_be_a_task_field():
     with pytest.raises(ConfigError, match="curriculum.key: the tasks have no field 'level'"):
-        Curriculum([{"difficulty": 1}], CurriculumSettings(key="level"), seed=0)
+        Curriculum([{"difficulty": 1}], CurriculumConfig(key="level"), seed=0)
 
 
 class TunedCalculator(CalculatorEnv):

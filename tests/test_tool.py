@@ -12,7 +12,7 @@ import pytest
 from transformers.utils import get_json_schema
 
 from agentrl import Tool, ToolDefinitionError, dispatch, tool
-from agentrl.chat.types import ToolCall
+from agentrl.core.messages import ToolCall
 
 
 def add(a: int, b: float = 1.5) -> float:

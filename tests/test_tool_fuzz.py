@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from agentrl import ToolEnvironment, tool
-from agentrl.tool import ToolError
+from agentrl.env.tool import ToolError
 
 CAP = 500
 MARKER_ROOM = 60  # "\n[... output truncated: N more characters]"

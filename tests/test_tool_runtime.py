@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from agentrl import ToolEnvironment, dispatch, tool
-from agentrl.chat.types import ToolCall
-from agentrl.tool import Tool, ToolError
+from agentrl.core.messages import ToolCall
+from agentrl.env.tool import Tool, ToolError
 
 RELEASE = threading.Event()  # set at the end of each test so hung worker threads end
 
@@ -126,7 +126,7 @@ def test_process_exits_after_a_hung_sync_tool(tmp_path):
     script.write_text(textwrap.dedent('''
         import threading, anyio
         from agentrl import dispatch, tool
-        from agentrl.chat.types import ToolCall
+        from agentrl.core.messages import ToolCall
 
         def stuck(x: int) -> str:
             """Never returns.

@@ -9,7 +9,7 @@ from datasets import Dataset
 
 import agentrl
 from agentrl import TrainConfig, Trainer
-from agentrl.config import ConfigError
+from agentrl.core.strict import ConfigError
 from agentrl.environments.calculator import CalculatorEnv
 
 SMALL = dict(prompts_per_step=2, num_generations=4, micro_batch_size=4, **{"rollout.max_tokens_per_turn": 32, "rollout.max_completion_tokens": 160})
@@ -25,7 +25,7 @@ class MarkedCalculator(CalculatorEnv):
 
 
 REWARD_FILE = '''
-from agentrl.dispatch import ToolRecord
+from agentrl.core.records import ToolRecord
 
 def saw_state(state, task, tool_records):
     """1 when the reward got the real episode: its state and typed tool records."""
@@ -59,7 +59,7 @@ def test_environment_instance_and_extra_reward_get_the_real_episode_state(tmp_pa
 
 def test_config_object_with_keyword_overrides(tmp_path):
     cfg = TrainConfig(max_steps=5, seed=3)
-    from agentrl.train_setup import config_from
+    from agentrl.train.build import config_from
 
     merged = config_from(cfg, "calculator", {"max_steps": 2, "loss.beta": 0.1})
     assert (merged.max_steps, merged.seed, merged.loss.beta, merged.env) == (2, 3, 0.1, "calculator")
@@ -72,13 +72,13 @@ def test_config_object_with_keyword_overrides(tmp_path):
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Fail loudly if a model would be loaded."""
-    import agentrl.trainer as trainer_module
+    import agentrl.train.trainer as trainer_module
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the environment was checked")
 
     monkeypatch.setattr(trainer_module, "load_policy", refuse)
-    monkeypatch.setattr("agentrl.models.load_tokenizer", refuse)
+    monkeypatch.setattr("agentrl.compute.models.load_tokenizer", refuse)
 
 
 def test_empty_dataset_is_one_clear_error_before_the_model_loads(tmp_path, no_model_load):
@@ -92,7 +92,7 @@ def test_environment_errors_come_before_the_model_loads(tmp_path, no_model_load)
     broken.write_text("class Broken:\n    def __init__(self):\n        raise RuntimeError('no database')\n")
     with pytest.raises(ConfigError, match="building the environment failed: RuntimeError: no database"):
         Trainer(env=f"{broken}:Broken", output_dir=str(tmp_path / "a"))
-    with pytest.raises(agentrl.registry.UnknownEnvironment):
+    with pytest.raises(agentrl.env.registry.UnknownEnvironment):
         Trainer(env="no-such-env", output_dir=str(tmp_path / "b"))
     with pytest.raises(ConfigError, match="extra_rewards"):
         Trainer(env="calculator", output_dir=str(tmp_path / "c"), extra_rewards=[{"fn": f"{tmp_path}/missing.py:f"}])
@@ -115,7 +115,7 @@ def test_extra_rewards_need_an_environment_that_exposes_its_episode():
 
 
 def test_a_reward_that_raises_is_named_in_one_line(tmp_path, capsys):
-    from agentrl.cli import main
+    from agentrl.cli.main import main
 
     boom = tmp_path / "boom.py"
     boom.write_text("def boom(completion):\n    raise ValueError('reward exploded')\n")

@@ -8,9 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agentrl.config import ConfigError, build, parse_overrides
-from agentrl.train_config import TrainConfig
-from agentrl.trainer import Trainer
+from agentrl.core.overrides import build, parse_overrides
+from agentrl.core.strict import ConfigError
+from agentrl.train.config import TrainConfig
+from agentrl.train.trainer import Trainer
 
 SMALL = [
     "prompts_per_step=2",
@@ -96,7 +97,7 @@ def test_reference_kinds_and_kl(tmp_path):
             assert torch.allclose(ref(probe).logits, untrained, atol=1e-6)  # before any update: equal
     lora.train()
     # After training the adapter, the reference (adapters off) still equals the untouched base model.
-    from agentrl.models import load_model
+    from agentrl.compute.models import load_model
 
     base = load_model("default", dtype=torch.float32, device="cpu")
     ids = torch.tensor([[5, 6, 7, 8, 9]])
@@ -177,7 +178,7 @@ def test_gradient_checkpointing_and_extra_reward(tmp_path):
 
 def test_non_finite_gradient_skips_the_update(tmp_path, monkeypatch):
     """One NaN loss must not poison the weights (and with them every later rollout)."""
-    import agentrl.learner as learner_module
+    import agentrl.learn.learner as learner_module
 
     real = learner_module.policy_loss
 

@@ -23,21 +23,21 @@ import anyio
 import numpy as np
 import pytest
 import torch
+from chat_fixtures import load_asset_tokenizer
 
 from agentrl import make, tool
 from agentrl.chat import default_template, get_chat_format
-from agentrl.cli import main as cli
+from agentrl.cli.main import main as cli
+from agentrl.compute.logprobs import token_logprobs
+from agentrl.compute.models import load_model, load_tokenizer
+from agentrl.core.trajectory import Sample, Trajectory, Turn, write_jsonl
 from agentrl.environments.calculator import CalculatorEnv
-from agentrl.generators.base import SamplingParams
-from agentrl.generators.transformers import TransformersGenerator
-from agentrl.logprobs import token_logprobs
-from agentrl.models import load_model, load_tokenizer
-from agentrl.observe import RunLog
+from agentrl.generators.hf.generator import TransformersGenerator
+from agentrl.generators.protocol import SamplingParams
+from agentrl.observe.runlog import RunLog
+from agentrl.observe.viewer.html import ENV_RGB, TRAINED_RGB
+from agentrl.observe.viewer.records import Decoder
 from agentrl.rollout import RolloutConfig, RolloutEngine
-from agentrl.trajectory import Sample, Trajectory, Turn, write_jsonl
-from agentrl.viewer import Decoder
-from agentrl.viewer_html import ENV_RGB, TRAINED_RGB
-from chat_fixtures import load_asset_tokenizer
 
 INJECTION = "</script><script>document.body.dataset.pwned='1'</script><img src=x onerror=\"document.body.dataset.pwned='1'\">"
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -429,9 +429,9 @@ def test_in_chromium_tokens_render_filters_work_and_injection_is_inert(episodes,
 
 def test_training_run_records_trainer_logprobs_that_match_the_sampler(tmp_path, capsys):
     """A real one-step run: samples.jsonl carries the trainer's logprobs, aligned with the sampler's."""
-    from agentrl.config import build, parse_overrides
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     overrides = ["max_steps=1", "prompts_per_step=2", "num_generations=2", "samples_per_log=2", "rollout.max_tokens_per_turn=32",
                  "rollout.max_completion_tokens=96", "save_final=false", f"output_dir={tmp_path}"]

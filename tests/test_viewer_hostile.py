@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.cli import main as cli
-from agentrl.trajectory import Sample, Trajectory, Turn
-from agentrl.viewer_cli import build_page
+from agentrl.cli.main import main as cli
+from agentrl.cli.view import build_page
+from agentrl.core.trajectory import Sample, Trajectory, Turn
 
 EVIL = "</script><script>document.body.dataset.pwned='1'</script><img src=x onerror=\"document.body.dataset.pwned='1'\">'\"<b>"
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)

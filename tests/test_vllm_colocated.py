@@ -16,11 +16,14 @@ import pytest
 import torch
 import transformers
 
-from agentrl.config import ConfigError, EvalConfig, GeneratorSettings, build, parse_overrides, require_backend
+from agentrl.compute.logprobs import token_logprobs
+from agentrl.compute.models import resolve_model
+from agentrl.core.overrides import build, parse_overrides
+from agentrl.core.strict import ConfigError
 from agentrl.generators import build_generator
-from agentrl.generators.base import Generation, SamplingParams
-from agentrl.logprobs import token_logprobs
-from agentrl.models import resolve_model
+from agentrl.generators.config import GeneratorConfig, require_backend
+from agentrl.generators.protocol import Generation, SamplingParams
+from agentrl.rollout.config import EvalConfig
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -64,7 +67,7 @@ def model_path(request, tmp_path_factory) -> str:
 def gen(model_path):
     if not HAS_VLLM:
         pytest.skip("vLLM is not installed")
-    from agentrl.generators.vllm import VLLMGenerator
+    from agentrl.generators.vllm.colocated import VLLMGenerator
 
     generator = VLLMGenerator.from_pretrained(model_path, dtype="float32", max_model_len=512)
     yield generator
@@ -88,7 +91,7 @@ def run_all(gen, requests: list[tuple[list[int], SamplingParams]]) -> list[Gener
 
 
 def trainer_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
-    """What the trainer computes for these sampled tokens (agentrl.logprobs, chunked, tempered)."""
+    """What the trainer computes for these sampled tokens (agentrl.compute.logprobs, chunked, tempered)."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         return token_logprobs(model, ids, torch.ones_like(ids), logits_to_keep=len(completion), temperature=temperature)[0]
@@ -229,7 +232,7 @@ def test_cancelled_request_frees_its_slot(gen):
 @vllm_test
 def test_weight_sync_full_model(gen, model_path):
     """After a push, outputs change and agree with transformers under the new weights (tied too)."""
-    from agentrl.generators.vllm_common import push_weights
+    from agentrl.generators.vllm.common import push_weights
 
     base = hf_model(model_path)
     before = check_matches(gen, base)
@@ -250,7 +253,7 @@ def test_weight_sync_lora_merged(gen, model_path):
     """A PEFT policy is pushed merged; afterwards it is unmerged and unchanged."""
     import peft
 
-    from agentrl.generators.vllm_common import push_weights
+    from agentrl.generators.vllm.common import push_weights
 
     base = hf_model(model_path)
     before = check_matches(gen, base)
@@ -312,7 +315,7 @@ def test_update_weights_rejects_bad_input(gen):
 @vllm_test
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 def test_sleep_mode_needs_cuda(tmp_path):
-    from agentrl.generators.vllm import VLLMGenerator
+    from agentrl.generators.vllm.colocated import VLLMGenerator
 
     with pytest.raises(ValueError, match="enable_sleep_mode needs a CUDA GPU"):
         VLLMGenerator.from_pretrained(resolve_model("default"), enable_sleep_mode=True)
@@ -326,8 +329,8 @@ def test_trainer_with_vllm_syncs_weights_and_logs_is_metrics(tmp_path):
     """Two steps on the bundled model: after each sync the trainer's logprobs of vLLM's tokens agree."""
     if not HAS_VLLM:
         pytest.skip("vLLM is not installed")
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     for name, extra in (("full", []), ("lora", ["peft.r=8", "learning_rate=5e-3"])):
         cfg = build(TrainConfig, parse_overrides([
@@ -353,8 +356,8 @@ def test_calculator_learns_with_vllm_generation(tmp_path):
     Same 45 seeded steps and paired sign test (z >= 3 over the 300 tasks that flip); the evals
     before and after also generate through vLLM. ``pytest -m "slow and vllm"`` (~10 min on 2 cores).
     """
-    from agentrl.train_config import TrainConfig
-    from agentrl.trainer import Trainer
+    from agentrl.train.config import TrainConfig
+    from agentrl.train.trainer import Trainer
 
     steps = 45
     cfg = build(TrainConfig, parse_overrides([
@@ -376,7 +379,7 @@ def test_calculator_learns_with_vllm_generation(tmp_path):
 @pytest.mark.skipif(HAS_VLLM, reason="checks the message shown when vLLM is missing")
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_generator_vllm_without_vllm_says_how_to_install(command, capsys, tmp_path):
-    from agentrl.cli import main
+    from agentrl.cli.main import main
 
     code = main([command, "generator=vllm", "n=1" if command == "eval" else "max_steps=1", f"output{'_dir' if command == 'train' else ''}={tmp_path}"])
     err = capsys.readouterr().err.strip()
@@ -396,12 +399,12 @@ def test_generator_settings_are_strict_per_backend():
         build(EvalConfig, parse_overrides(["generator=vllm", "generator.url=http://x:1"]))
     with pytest.raises(ConfigError, match="backend"):
         build(EvalConfig, parse_overrides(["generator=vlm"]))
-    require_backend(GeneratorSettings())  # transformers is always there
+    require_backend(GeneratorConfig())  # transformers is always there
 
 
 def test_build_generator_transformers_uses_the_given_module():
     model = tiny_model(0)
-    gen = build_generator(GeneratorSettings(), model_path="unused", pad_token_id=0, max_context=None, model=model)
+    gen = build_generator(GeneratorConfig(), model_path="unused", pad_token_id=0, max_context=None, model=model)
     assert gen.model is model
     res = run_all(gen, [(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4))])[0]
     assert res.token_ids == greedy_reference(model, PROMPTS[0], 4)
@@ -412,7 +415,7 @@ def test_vllm_common_helpers_need_no_vllm():
     """Weight naming for the push works without vLLM (the trainer imports it unconditionally)."""
     import peft
 
-    from agentrl.generators.vllm_common import normalize_named_tensors, push_weights, to_generation  # noqa: F401
+    from agentrl.generators.vllm.common import normalize_named_tensors, push_weights, to_generation  # noqa: F401
 
     model = tiny_model(0)
     with push_weights(model) as named:

@@ -23,8 +23,8 @@ import anyio
 import pytest
 import torch
 
-from agentrl.generators.base import Generation, SamplingParams
-from agentrl.generators.vllm_client import ServerRestartedError, VLLMServerError, VLLMServerGenerator
+from agentrl.generators.protocol import Generation, SamplingParams
+from agentrl.generators.vllm.client import ServerRestartedError, VLLMServerError, VLLMServerGenerator
 
 TOL = 1e-4
 PROMPT_TEXT = "What is 3 plus 4?"
@@ -46,7 +46,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agentrl.cli", "vllm-serve", "model=default", "dtype=float32", f"port={port}"],
+                [sys.executable, "-m", "agentrl.cli.main", "vllm-serve", "model=default", "dtype=float32", f"port={port}"],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
 
@@ -90,7 +90,7 @@ def server(workdir):
 
 @pytest.fixture(scope="module")
 def hf():
-    from agentrl.models import load_model, load_tokenizer
+    from agentrl.compute.models import load_model, load_tokenizer
 
     return load_model("default", dtype=torch.float32, device="cpu"), load_tokenizer("default")
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from agentrl.generators.http_guard import TOKEN_ENV, RequestGuard, is_loopback
-from agentrl.generators.vllm_client import VLLMServerError, VLLMServerGenerator
-from agentrl.generators.vllm_serve import ServeConfig, main
+from agentrl.generators.vllm.client import VLLMServerError, VLLMServerGenerator
+from agentrl.generators.vllm.http_guard import TOKEN_ENV, RequestGuard, is_loopback
+from agentrl.generators.vllm.serve import ServeConfig, main
 
 
 class Echo:
@@ -138,7 +138,7 @@ def test_binding_off_loopback_without_a_token_is_refused(monkeypatch, capsys):
 @pytest.fixture()
 def served():
     pytest.importorskip("fastapi")
-    from agentrl.generators.vllm_serve import create_app
+    from agentrl.generators.vllm.serve import create_app
 
     before = set(glob.glob("/dev/shm/agentrl-weights-*") + glob.glob("/tmp/agentrl-weights-*"))
     yield lambda **kw: create_app(ServeConfig(model="default", **kw))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from agentrl.tool import Tool, ToolError
+from agentrl.env.tool import Tool, ToolError
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64

@@ -1,4 +1,4 @@
-"""The ``python`` tool: run model-written Python in ``agentrl.sandbox`` and show what it printed.
+"""The ``python`` tool: run model-written Python in ``agentrl.env.sandbox`` and show what it printed.
 
 Each call is a fresh interpreter (standard library only) in a fresh private working directory, so
 calls do not share state: the model prints what it wants to see. Program errors come back as the
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.sandbox import Sandbox, SandboxConfig
-from agentrl.tool import Tool
+from agentrl.env.sandbox import Sandbox, SandboxConfig
+from agentrl.env.tool import Tool
 
 
 class PythonTool(Tool):

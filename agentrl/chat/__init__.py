@@ -14,7 +14,7 @@ from agentrl.chat.detect import detect_format
 from agentrl.chat.formats import FormatSpec, available_formats, format_spec, register_format
 from agentrl.chat.parsers import ResponseParser, available_parsers, get_parser, register_parser
 from agentrl.chat.select import get_chat_format
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 __all__ = [
     "BridgeResult",

@@ -15,9 +15,8 @@ from typing import Any
 
 from agentrl.chat.guard import ContentGuard
 from agentrl.chat.parsers.base import ResponseParser
-from agentrl.chat.types import ParsedResponse, ParseIssue
+from agentrl.core.messages import Message, ParsedResponse, ParseIssue
 
-Message = dict[str, Any]
 # Tokens that end a document rather than a turn; a model may stop on them, so generation does.
 _DOCUMENT_END_TOKENS = ("<|endoftext|>", "<|end_of_text|>")
 _PROBE_REPLY = "agentrl probe reply"
@@ -279,7 +278,7 @@ class ChatFormat:
     ) -> list[int]:
         """The ids the model would sample after ``render(messages, tools)`` to write ``message``,
         up to and including the end-of-turn token: how a demonstrated turn enters an episode
-        (agentrl/guidance.py) on the same token path as a sampled one.
+        (agentrl/rollout/guidance.py) on the same token path as a sampled one.
 
         ``prompt_ids``: the ids the episode holds (the render of ``messages`` where every bridge
         was proven), so the prompt is not rendered again. Raises ``ValueError`` naming the problem

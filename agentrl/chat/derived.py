@@ -13,8 +13,7 @@ import re
 from typing import Any
 
 from agentrl.chat.training import qwen3_hidden, random_conversations, training_template_problems
-
-Message = dict[str, Any]
+from agentrl.core.messages import Message
 
 # LFM2.5 shows a turn's reasoning only after the last user message unless ``preserve_thinking``.
 _LFM2_PRESERVE = re.compile(r"preserve_thinking\s*\|\s*default\(\s*false\s*\)")

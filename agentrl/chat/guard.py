@@ -24,10 +24,12 @@ import secrets
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentrl.core.errors import AgentrlError
+
 GUARDED_ROLES = frozenset({"user", "tool", "ipython", "function"})
 
 
-class ForgedControlTokenError(ValueError):
+class ForgedControlTokenError(AgentrlError, ValueError):
     """Content holds control-token text and the template changes content in a way that cannot be guarded."""
 
 

@@ -26,8 +26,7 @@ from typing import Any
 
 from agentrl.chat.derived import thinking_from_reasoning
 from agentrl.chat.training import random_conversations, training_template_problems
-
-Message = dict[str, Any]
+from agentrl.core.messages import Message
 
 # Each patch: (what it fixes, pattern in the original, replacement). All must apply exactly once.
 _KEEP_ANALYSIS = re.compile(r"\bnot\s+future_final_message\.found\b")

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.chat.base import encode_cut
+from agentrl.core.messages import Message
 
-Message = dict[str, Any]
 Conversation = tuple[list[Message], list[Message] | None, dict[str, Any]]  # messages, tools, template kwargs
 
 _TOOLS = [

@@ -18,9 +18,10 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from agentrl.config import Strict, build, parse_overrides
 import agentrl.doctor.checks as C
 import agentrl.doctor.material as M
+from agentrl.core.overrides import build, parse_overrides
+from agentrl.core.strict import Strict
 from agentrl.doctor.loading import DoctorError, load_tokenizer
 from agentrl.doctor.report import Report, write
 

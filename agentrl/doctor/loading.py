@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from agentrl.config import ConfigError
+from agentrl.core.strict import ConfigError
 
 
 class DoctorError(ConfigError):
@@ -30,7 +30,7 @@ def load_tokenizer(spec: str) -> Any:
 
 def load_offline_first(spec: str, load: Callable[..., Any], what: str) -> Any:
     """``load(path_or_id, **kwargs)`` for a folder, else from the cache, else from a reachable hub."""
-    from agentrl.models import resolve_model
+    from agentrl.compute.models import resolve_model
 
     path = Path(resolve_model(spec)).expanduser()
     if path.exists():

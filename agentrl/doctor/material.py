@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-Message = dict[str, Any]
+from agentrl.core.messages import Message
 
 SYSTEM = "You are a travel assistant. Answer briefly."
 USER = "Find me a flight from Paris and tell me the weather there."

@@ -17,8 +17,8 @@ def load_for_check(spec: str, device: str | None) -> tuple[Any, Check | None]:
     """The model, or a FAIL check saying why it could not be loaded."""
     from transformers.utils import logging as hf_logging
 
+    from agentrl.compute.models import load_model
     from agentrl.doctor.loading import DoctorError, load_offline_first
-    from agentrl.models import load_model
 
     hf_logging.disable_progress_bar()  # the report is the output; a weights bar would interleave with it
     try:
@@ -41,7 +41,7 @@ def episode_start(env_name: str | None) -> tuple[list[M.Message], list[M.Message
         return M.history(), M.TOOLS, "the doctor's flight/weather prompt"
     import anyio
 
-    from agentrl.registry import make
+    from agentrl.env.registry import make
 
     env = make(env_name)
     try:  # the test split is small and what evaluation uses; building a train split can take seconds
@@ -56,9 +56,9 @@ def check_generation(fmt: Any, model: Any, env_name: str | None, max_new_tokens:
     """Greedy-generate one assistant turn with agentrl's transformers generator and parse it."""
     import anyio
 
-    from agentrl.generators.base import SamplingParams
-    from agentrl.generators.transformers import TransformersGenerator
-    from agentrl.models import pad_token_id
+    from agentrl.compute.models import pad_token_id
+    from agentrl.generators.hf.generator import TransformersGenerator
+    from agentrl.generators.protocol import SamplingParams
 
     name = "greedy generation parses"
     messages, tools, where = episode_start(env_name)

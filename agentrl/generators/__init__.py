@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl.generators.base import FinishReason, Generation, Generator, SamplingConfig, SamplingParams
+from agentrl.generators.config import SamplingConfig
+from agentrl.generators.protocol import FinishReason, Generation, Generator, SamplingParams
 from agentrl.generators.weights import WeightUpdate
 
 __all__ = ["FinishReason", "Generation", "Generator", "SamplingConfig", "SamplingParams", "WeightUpdate", "build_generator", "run_with"]
@@ -31,7 +32,7 @@ def build_generator(
     training_alongside: bool = False,
     host_rollouts: bool | None = None,
 ) -> Generator:
-    """The generator ``settings`` (a ``config.GeneratorSettings``) asks for; training and eval share it.
+    """The generator ``settings`` (a ``config.GeneratorConfig``) asks for; training and eval share it.
 
     ``model``: the loaded policy module, used in place by the transformers backend (so it sees
     every optimizer step without a copy); the vLLM backends load ``model_path`` themselves and get
@@ -47,7 +48,7 @@ def build_generator(
     """
     backend = settings.backend
     if backend == "transformers":
-        from agentrl.generators.transformers import TransformersGenerator
+        from agentrl.generators.hf.generator import TransformersGenerator
 
         if model is None:
             raise ValueError("the transformers backend generates with a loaded model; pass model=")
@@ -65,8 +66,8 @@ def build_generator(
     if backend == "vllm":
         import torch
 
-        from agentrl.generators.vllm import VLLMGenerator
-        from agentrl.models import resolve_model
+        from agentrl.compute.models import resolve_model
+        from agentrl.generators.vllm.colocated import VLLMGenerator
 
         dtype = settings.dtype
         if dtype == "auto":  # what the trainer computes logprobs in on this device
@@ -89,7 +90,7 @@ def build_generator(
             max_context=max_context,
         )
     if backend == "vllm-server":
-        from agentrl.generators.vllm_client import VLLMServerGenerator
+        from agentrl.generators.vllm.client import VLLMServerGenerator
 
         return VLLMServerGenerator(settings.url, timeout_s=settings.timeout_s, request_timeout_s=settings.request_timeout_s)
     raise ValueError(f"unknown generator backend {backend!r}; known: transformers, vllm, vllm-server")
@@ -104,7 +105,7 @@ def _use_cuda_graphs(asked: bool | None, cuda: bool, model: Any) -> bool:
         if asked and not cuda:
             print("generator: cuda_graphs=true has no effect without CUDA; decoding eagerly", flush=True)
         return False
-    from agentrl.generators.static_decode import StaticDecoder
+    from agentrl.generators.hf.static_decode import StaticDecoder
 
     reason = StaticDecoder.unsupported_reason(model)
     if reason is None:

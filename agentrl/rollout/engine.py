@@ -19,33 +19,35 @@ so the model never trains on a context it would not see at inference.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from pydantic import Field
 
 from agentrl.chat.base import ChatFormat
-from agentrl.dispatch import ToolRecord
-from agentrl.env import Environment
-from agentrl.generators.base import Generator, SamplingConfig, SamplingParams
-from agentrl.guidance import demonstrated_turn, merge_guided
-from agentrl.strict import Strict
-from agentrl.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+from agentrl.core.step import StepResult
+from agentrl.core.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
+from agentrl.env.environment import Environment
+from agentrl.generators.config import SamplingConfig
+from agentrl.generators.protocol import Generation, Generator, SamplingParams
+from agentrl.rollout.config import RolloutConfig
 
 
-class RolloutConfig(Strict):
-    """Per-episode limits: the ``rollout`` section of train and eval configs.
+@dataclass(frozen=True)
+class TurnRequest:
+    """What the next assistant turn is produced from: the episode's environment and messages so far,
+    the tool schemas, the token ids so far and this turn's sampling (``max_tokens`` is its budget)."""
 
-    ``max_completion_tokens`` counts sampled plus environment tokens after the prompt;
-    ``max_context`` is prompt + completion. The prompt must leave room for at least one token.
-    """
+    env: Environment
+    chat_format: ChatFormat
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    ids: list[int]
+    sampling: SamplingParams
 
-    max_turns: int | None = Field(None, ge=1, description="assistant turns (None: the environment's own max_turns)")
-    max_tokens_per_turn: int = Field(256, ge=1, description="sampled tokens per assistant turn")
-    max_completion_tokens: int = Field(1024, ge=1, description="sampled + environment tokens after the prompt")
-    max_context: int = Field(2048, ge=16, description="prompt + completion tokens")
-    max_concurrent_episodes: int = Field(256, ge=1, description="episodes in flight at once")
+
+TurnSource = Callable[[TurnRequest], Awaitable[Generation]]
 
 
 class RolloutEngine:
@@ -57,17 +59,11 @@ class RolloutEngine:
         chat_format: ChatFormat,
         config: RolloutConfig | None = None,
         sampling: SamplingConfig | None = None,
-        guidance: bool = False,
-        guidance_keep: str = "above_all",
     ) -> None:
-        """``guidance``: each group also plays the environment's demonstration, which replaces the
-        group's worst sample where it scores above every sample, or above their mean with
-        ``guidance_keep="above_mean"`` (agentrl/guidance.py)."""
         self.generator = generator
         self.chat_format = chat_format
         self.config = config or RolloutConfig()
         self.sampling = sampling or SamplingConfig()
-        self.guidance, self.guidance_keep = guidance, guidance_keep
         self.events: list[tuple[str, int, int]] = []  # (kind, episode, turn) in order, for tests and debugging
         self.record_events = False
 
@@ -116,40 +112,28 @@ class RolloutEngine:
             if on_episode is not None:
                 on_episode(traj)
 
-        # demonstrated episodes send the generator nothing: outside its count, under their own limiter
-        guided: list[Trajectory | None] = [None] * len(groups)
-        guide_limiter = anyio.CapacityLimiter(self.config.max_concurrent_episodes)
-
-        async def demonstrate(g: int) -> None:
-            async with guide_limiter:
-                guided[g] = await self.run_episode(env, groups[g].task, groups[g].seed, group=g, index=n, guided=True)
-
         try:
             async with anyio.create_task_group() as tg:
                 for g in range(len(groups)):
                     for i in range(n):
                         tg.start_soon(one, g, i)
-                    if self.guidance:
-                        tg.start_soon(demonstrate, g)
         finally:
             if expected:  # cancelled: episodes that never started leave the count too
                 track(-expected)
-        if self.guidance:
-            merge_guided(groups, guided, self.guidance_keep)
         return groups
 
     async def run_episode(
-        self, base_env: Environment, task: dict[str, Any], seed: int | None, group: int = 0, index: int = 0, guided: bool = False
+        self, base_env: Environment, task: dict[str, Any], seed: int | None, group: int = 0, index: int = 0, turns: TurnSource | None = None
     ) -> Trajectory:
         """One episode. Infrastructure failures are recorded on the trajectory, never raised.
 
-        ``guided``: the assistant turns are the environment's demonstration (agentrl/guidance.py).
+        ``turns``: where the assistant turns come from (None: the generator, sampling).
         """
-        traj = Trajectory(task=dict(task), seed=seed, group=group, index=index, guided=guided)
+        traj = Trajectory(task=dict(task), seed=seed, group=group, index=index)
         start = time.perf_counter()
         env = base_env.spawn()
         try:
-            await self._episode(env, traj)
+            await self._episode(env, traj, turns or self._sample)
         except Exception as exc:  # generator or environment failure: drop this episode only
             traj.error = f"{type(exc).__name__}: {exc}"
             traj.finish_reason = "error"
@@ -161,7 +145,10 @@ class RolloutEngine:
         traj.duration_s = time.perf_counter() - start
         return traj
 
-    async def _episode(self, env: Environment, traj: Trajectory) -> None:
+    async def _sample(self, turn: TurnRequest) -> Generation:
+        return await self.generator.generate(turn.ids, turn.sampling)
+
+    async def _episode(self, env: Environment, traj: Trajectory, turns: TurnSource) -> None:
         cfg, fmt = self.config, self.chat_format
         messages, _info = await env.reset(task=traj.task, seed=traj.seed)
         tools = env.tool_schemas() or None
@@ -185,10 +172,7 @@ class RolloutEngine:
             sampling = SamplingParams.of(self.sampling, max_tokens=budget, stop_token_ids=list(fmt.stop_token_ids), seed=self._seed(traj, turn_index))
             self._event("generate", traj, turn_index)
             t0 = time.perf_counter()
-            if traj.guided:
-                gen = await demonstrated_turn(env, fmt, traj.messages, tools, budget, sample.ids)
-            else:
-                gen = await self.generator.generate(sample.ids, sampling)
+            gen = await turns(TurnRequest(env, fmt, traj.messages, tools, sample.ids, sampling))
             gen_s = time.perf_counter() - t0
             self._event("generated", traj, turn_index)
             start = len(sample.completion_ids)
@@ -216,12 +200,13 @@ class RolloutEngine:
                 return
 
             t0 = time.perf_counter()
-            new, reward, terminated, truncated, info = await env.step(message)
+            step = StepResult.of(await env.step(message))
+            new, reward, terminated, truncated = step.messages, step.reward, step.terminated, step.truncated
             turn.env_s = time.perf_counter() - t0
             turn.env_messages = list(new)
-            turn.tool_records = [r if isinstance(r, ToolRecord) else ToolRecord(**r) for r in info.get("tool_records", [])]
+            turn.tool_records = list(step.tool_records)
             turn.reward = float(reward)
-            turn.rewards = dict(info.get("rewards", {}))
+            turn.rewards = dict(step.rewards)
             traj.reward += float(reward)
             _add_components(traj.rewards, turn.rewards)
             if terminated or truncated:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from agentrl.dispatch import FAILURES, MALFORMED
-from agentrl.trajectory import Trajectory, TrajectoryGroup
+from agentrl.core.records import FAILURES, MALFORMED
+from agentrl.core.trajectory import Trajectory, TrajectoryGroup
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -21,7 +21,7 @@ def percentile(values: list[float], q: float) -> float:
 def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s: float | None = None) -> dict[str, Any]:
     """Flat metrics dict (keys like ``tools/failures/timeout``) for logs and tables."""
     every = [t for g in groups for t in (g.trajectories if isinstance(g, TrajectoryGroup) else [g])]
-    trajs = [t for t in every if not t.guided]  # demonstrated episodes (agentrl/guidance.py) are counted, not measured
+    trajs = [t for t in every if not t.guided]  # demonstrated episodes (agentrl/rollout/guidance.py) are counted, not measured
     ok = [t for t in trajs if t.ok]
     records = [r for t in ok for turn in t.turns for r in turn.tool_records]
     latencies = [r.latency_s for r in records]

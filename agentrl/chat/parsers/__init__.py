@@ -5,11 +5,9 @@ module that subclasses :class:`ResponseParser`, decorates it with :func:`registe
 :mod:`.calls` / :mod:`.reasoning` where it can, and is imported below.
 """
 
-from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
-from agentrl.chat.parsers.registry import available_parsers, get_parser, parser_classes, register_parser
-
 # Built-in families register themselves on import.
 from agentrl.chat.parsers.atem import AtemParser
+from agentrl.chat.parsers.base import ResponseParser, TemplateProbe
 from agentrl.chat.parsers.deepseek_v3 import DeepSeekV3Parser
 from agentrl.chat.parsers.gemma4 import Gemma4Parser
 from agentrl.chat.parsers.glm4 import Glm4Parser
@@ -20,6 +18,7 @@ from agentrl.chat.parsers.llama3 import Llama3Parser
 from agentrl.chat.parsers.mistral import MistralParser
 from agentrl.chat.parsers.qwen3 import Qwen3Parser
 from agentrl.chat.parsers.qwen3_xml import Qwen3XmlParser
+from agentrl.chat.parsers.registry import available_parsers, get_parser, parser_classes, register_parser
 
 __all__ = [
     "AtemParser",

@@ -22,7 +22,7 @@ from typing import Any
 from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.qwen3_xml import _convert, _param_types
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 START, MESSAGE, END_MESSAGE = "<|start|>", "<|message|>", "<|eom|>"
 CALLS_OPEN, CALLS_CLOSE = "<atem:function_calls>", "</atem:function_calls>"

@@ -8,11 +8,11 @@ training can score it, instead of a rollout crashing.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentrl.chat.types import ParsedResponse, ParseIssue
+from agentrl.core.messages import ParsedResponse, ParseIssue
 
 # No real turn makes hundreds of calls; a hostile one may write a million openers. Past this many
 # calls (or messages, for channel formats) a parser stops and reports the rest, which bounds both

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from agentrl.chat.types import ParseIssue, ToolCall
+from agentrl.core.messages import ParseIssue, ToolCall
 
 # strict=False: literal newlines/tabs inside strings (common when models write code) are accepted;
 # the call is re-serialised by the template anyway.

@@ -14,7 +14,7 @@ from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, 
 from agentrl.chat.parsers.calls import call_from_object, loads
 from agentrl.chat.parsers.reasoning import split_reasoning
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"

@@ -21,7 +21,7 @@ from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, Templat
 from agentrl.chat.parsers.calls import MAX_DEPTH
 from agentrl.chat.parsers.reasoning import split_reasoning
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 START, END, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
 THOUGHT_OPEN, THOUGHT_CLOSE = "<|channel>thought", "<channel|>"

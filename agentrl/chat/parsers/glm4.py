@@ -24,7 +24,7 @@ from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, Templat
 from agentrl.chat.parsers.qwen3_xml import _convert, _param_types
 from agentrl.chat.parsers.reasoning import split_calls
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 KEY_OPEN, KEY_CLOSE, VALUE_OPEN, VALUE_CLOSE = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"

@@ -17,7 +17,7 @@ import re
 from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_object, loads
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 _RECIPIENT = re.compile(r"to=functions\.([^\s<]+)")

@@ -12,7 +12,7 @@ import re
 from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_json, raw_decode
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_TAG = "<tool_response>"

@@ -19,7 +19,7 @@ from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, Templat
 from agentrl.chat.parsers.calls import MAX_DEPTH, raw_decode, too_deep
 from agentrl.chat.parsers.reasoning import split_reasoning
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 _NAME = re.compile(r"\s*([A-Za-z_][\w.\-]*)\s*\(")

@@ -16,7 +16,7 @@ import re
 from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_json, call_from_object, raw_decode
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 PYTHON_TAG = "<|python_tag|>"
 _LINE_CALL = re.compile(r'(?<=\n)[ \t]*\{\s*"name"\s*:')  # a call on its own line after some text

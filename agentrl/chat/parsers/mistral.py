@@ -11,7 +11,7 @@ from __future__ import annotations
 from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_json, call_from_object, loads, raw_decode
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
 _CONTROL = ("[INST]", "[/INST]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]")

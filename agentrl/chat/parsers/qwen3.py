@@ -10,7 +10,7 @@ from agentrl.chat.parsers.base import TemplateProbe
 from agentrl.chat.parsers.hermes import OPEN, HermesParser, writes_hermes_calls
 from agentrl.chat.parsers.reasoning import split_reasoning
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue
+from agentrl.core.messages import ParsedResponse, ParseIssue
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 

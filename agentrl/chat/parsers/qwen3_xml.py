@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
-from agentrl.chat.parsers.reasoning import split_calls
 from agentrl.chat.parsers.calls import loads
+from agentrl.chat.parsers.reasoning import split_calls
 from agentrl.chat.parsers.registry import register_parser
-from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
+from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # A name stops at '<' too, so "<function=" repeated is one failed match per opener, not a scan to

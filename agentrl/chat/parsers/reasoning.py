@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agentrl.chat.types import ParseIssue
+from agentrl.core.messages import ParseIssue
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Torch only: model and tokenizer loading, the reference model, log-probs and their kernels, compiled layers, the parallel strategies (single, DDP, FSDP2) and optimizers. Imports only agentrl.core."""

@@ -1,0 +1,1 @@
+"""Plain data shared by every side: messages and tool calls, tool records, trajectories, the strict config base, spec loading and the error hierarchy. Imports nothing else from agentrl and never torch."""

@@ -1,0 +1,1 @@
+"""The trajectory viewer: records read from samples.jsonl and the static HTML page."""

@@ -1,0 +1,1 @@
+"""The training loop that composes rollout and learning: trainer, config sections, build, state, checkpoints, group drawing and selection, curriculum, interrupts. The only place the two sides meet."""

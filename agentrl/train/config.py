@@ -1,0 +1,200 @@
+"""The training configuration: strict, validated at load time, every key named in its errors."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+from pydantic import Field
+
+from agentrl.core.strict import Strict
+from agentrl.env.config import ENV_ARGS_DOC, ENV_DOC
+from agentrl.generators.config import GeneratorConfig, SamplingConfig
+from agentrl.learn.losses import LossConfig
+from agentrl.rollout.config import GuidanceConfig, ModelConfig, RolloutConfig
+
+# The loss section is the loss module's own config class: one place for each default and bound.
+LossSettings = LossConfig
+
+
+
+class CurriculumConfig(Strict):
+    """``curriculum.*``: draw tasks by bucket, weighted by how often each bucket's groups still vary."""
+
+    key: str | None = Field(None, description="task field whose values are the buckets, e.g. 'difficulty' (null: off, tasks in the run's shuffled order)")
+    floor: float = Field(0.1, ge=0, le=1, description="smallest weight of a bucket, relative to a bucket whose every group varies")
+    smoothing: float = Field(0.8, ge=0, lt=1, description="running rate: rate <- smoothing * rate + (1 - smoothing) * (this step's informative share)")
+
+
+class DynamicSamplingConfig(Strict):
+    """``dynamic_sampling.*``: keep only groups whose rewards vary, refilling from further tasks."""
+
+    enabled: bool = Field(False, description="drop groups whose reward std is <= min_std and refill the batch from further tasks (DAPO)")
+    max_rounds: int = Field(2, ge=0, description="extra rollout rounds per step to refill the batch; after them the step trains on what it kept")
+    min_std: float = Field(0.0, ge=0, description="a group is kept when the std of its episodes' rewards exceeds this")
+    max_draw_factor: float = Field(4.0, ge=1, description="a refill round rolls out at most this many tasks per missing group")
+
+
+class AdapterConfig(Strict):
+    r: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(32, description="LoRA scaling numerator (scale = lora_alpha / r)")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input")
+    target_modules: list[str] | str = Field("all-linear", description="module names to adapt, or 'all-linear'")
+
+
+class ExtraRewardConfig(Strict):
+    """A reward function added to the environment's: ``fn="module:function"`` or ``"file.py:function"``."""
+
+    fn: str = Field(description="'module:function' or 'file.py:function'")
+    weight: float = Field(1.0, description="multiplies the function's value in the total reward")
+    name: str | None = Field(None, description="metric name (default: the function's name)")
+
+
+class DistributedConfig(Strict):
+    """How several processes (torchrun / accelerate launch) share the model (docs/distributed.md)."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="ddp: every rank holds the whole model and optimizer; fsdp: FSDP2 shards weights, gradients and AdamW state over the ranks (full fine-tuning of models that do not fit one card)"
+    )
+
+
+class TrainConfig(Strict):
+    """``agentrl train``: GRPO on an environment (docs/training.md)."""
+
+    env: str = Field("calculator", description=ENV_DOC)
+    env_args: dict[str, Any] = Field(default_factory=dict, description=ENV_ARGS_DOC)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    output_dir: str | None = Field(None, description="run folder (default runs/<env>-<time>)")
+    seed: int = Field(0, description="seeds torch, task order and sampling (sampling.seed defaults to it)")
+    resume: str | None = Field(None, description="'latest' (in output_dir), a run folder or a checkpoint folder")
+
+    # batch shape
+    max_steps: int = Field(60, ge=1, description="optimizer steps")
+    prompts_per_step: int = Field(16, ge=1, description="tasks per optimizer step")
+    num_generations: int = Field(8, ge=2, description="episodes per task (the GRPO group)")
+    steps_per_generation: int = Field(1, ge=1, description="optimizer steps per generation batch")
+    num_iterations: int = Field(1, ge=1, description="passes over each generation batch")
+    micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
+
+    # optimisation
+    learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    adam_betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW (beta1, beta2)")
+    adam_eps: float = Field(
+        1e-8, gt=0, description="AdamW epsilon; parameters whose gradient is far below it move in proportion to it (SGD-like) instead of by ~learning_rate each (docs/environments.md, Sokoban)"
+    )
+    optimizer: Literal["auto", "adamw", "adamw_8bit"] = Field(
+        "auto", description="adamw: float32 moments; adamw_8bit: bitsandbytes' block-wise 8-bit moments, embeddings at 32 bits (-6 bytes/parameter); auto: adamw_8bit for full fine-tuning on CUDA when bitsandbytes is installed, else adamw (docs/performance.md)"
+    )
+    optimizer_offload: bool = Field(
+        False, description="keep AdamW's two moments in host memory, streamed through the GPU at each step (-8 bytes/parameter of GPU memory, ~16 bytes/parameter of PCIe traffic per step)"
+    )
+    max_grad_norm: float | None = Field(1.0, gt=0, description="clip the gradient norm to this (null: no clipping)")
+    lr_scheduler: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field("constant", description="learning-rate schedule over max_steps")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup steps of the schedule")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass (less memory, ~30% slower)")
+    compile_learner: bool | None = Field(
+        None, description="torch.compile the decoder layers and the output head's tiles for the training forward and backward (null: on for full fine-tuning on CUDA, off on CPU, for PEFT and under FSDP2)"
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto: bf16 on CUDA with bf16, else fp32")
+    logprob_chunk_size: int = Field(1024, ge=1, description="tokens per chunk when computing log-probs (bounds the logits' memory)")
+
+    # the objective
+    loss: LossConfig = Field(default_factory=LossConfig)
+    advantage_scale: Literal["group", "batch", "none"] = Field("group", description="divide advantages by the group's or the batch's reward std, or not")
+    advantage: Literal["episode", "turn"] = Field(
+        "episode", description="episode: every token gets its episode's group-relative advantage (GRPO); turn: each turn's tokens get an unbiased per-turn advantage (docs/training.md, per-turn credit)"
+    )
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
+    guidance: GuidanceConfig = Field(default_factory=GuidanceConfig)
+    mask_truncated_completions: bool = Field(False, description="truncated episodes get no gradient")
+    extra_rewards: list[ExtraRewardConfig] = Field(default_factory=list, description="reward functions added to the environment's: [{fn: 'mod:f', weight: 1.0}]")
+    peft: AdapterConfig | None = Field(None, description="LoRA training (off unless a peft.* key is set)")
+    ref_mix_alpha: float | None = Field(None, gt=0, le=1, description="TR-DPO: ref <- a*policy + (1-a)*ref")
+    ref_mix_every: int = Field(0, ge=0, description="TR-DPO: mix the reference every N steps (0: off)")
+
+    # generation
+    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=0.7))
+    rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(max_tokens_per_turn=64, max_completion_tokens=256, max_context=1024))
+    generator: GeneratorConfig = Field(default_factory=GeneratorConfig)
+
+    # observability and checkpoints
+    log_every: int = Field(1, ge=1, description="write metrics every N steps")
+    samples_per_log: int = Field(2, ge=0, description="trajectories written to samples.jsonl per log step")
+    report_to: list[Literal["tensorboard", "wandb", "trackio"]] = Field(default_factory=list, description="experiment trackers, e.g. [tensorboard]")
+    eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps (0: off)")
+    eval_tasks: int = Field(64, ge=1, description="test tasks per periodic eval")
+    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of the periodic eval (0: greedy)")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps")
+    save_final: bool = Field(True, description="checkpoint after the last step")
+    keep_checkpoints: int | None = Field(2, ge=1, description="newest checkpoints kept (null: all)")
+
+    # several processes (torchrun / accelerate launch; docs/distributed.md)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    max_staleness: int = Field(
+        0, ge=0, description="asynchronous rollouts: generate the next steps' episodes while this one trains, from weights at most this many optimizer steps old (0: synchronous; docs/distributed.md)"
+    )
+    rollout_device: str | None = Field(None, description="with max_staleness > 0: the device of the rollout copy of the policy (default: the training device; e.g. cuda:1)")
+    distributed_timeout_s: float = Field(
+        1800.0, gt=0, description="a collective waiting longer than this on a dead or stalled rank fails with an error instead of hanging; it must cover the slowest rank's rollout of one step"
+    )
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _environment_defaults(cls, data: Any) -> Any:
+        """The environment's recommended settings (``Environment.train_defaults``) under the user's own keys."""
+        if not isinstance(data, dict):
+            return data
+        from agentrl.env.registry import train_defaults
+
+        return _under(train_defaults(data.get("env", "calculator")), data)
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.sampling.temperature == 0:
+            raise ValueError("sampling.temperature: training needs temperature > 0 (greedy groups have no variance)")
+        if (self.ref_mix_alpha is None) != (self.ref_mix_every == 0):
+            raise ValueError("ref_mix_alpha and ref_mix_every go together (both set, or neither)")
+        if self.ref_mix_alpha is not None and (self.loss.beta == 0 or self.peft is not None):
+            raise ValueError("ref_mix_alpha mixes a full-model reference: it needs loss.beta > 0 and no peft")
+        if self.eval_every == 0 and self.model_fields_set & {"eval_tasks", "eval_temperature"}:
+            raise ValueError("eval_tasks/eval_temperature have no effect without eval_every > 0")
+        if self.distributed.strategy == "fsdp":
+            if self.peft is not None:
+                raise ValueError("distributed.strategy=fsdp shards full fine-tuning; LoRA trains a few parameters: use ddp (the default)")
+            if self.loss.beta > 0:
+                raise ValueError("distributed.strategy=fsdp: loss.beta > 0 needs a reference model, which is not sharded yet; use loss.beta=0")
+            if self.optimizer == "adamw_8bit":
+                raise ValueError("distributed.strategy=fsdp: optimizer=adamw_8bit does not take sharded parameters (FSDP already divides AdamW's state by the number of ranks); use optimizer=auto or adamw")
+            if self.optimizer_offload:
+                raise ValueError("distributed.strategy=fsdp: optimizer_offload is not supported with sharded parameters (FSDP already divides AdamW's state by the number of ranks)")
+            if self.generator.backend != "transformers":
+                raise ValueError("distributed.strategy=fsdp: only generator.backend=transformers decodes from the gathered copy so far")
+        if self.optimizer_offload and self.optimizer == "adamw_8bit":
+            raise ValueError("optimizer_offload=true streams AdamW's float32 moments from the host; optimizer=adamw_8bit keeps 8-bit moments on the GPU: choose one")
+        if self.max_staleness == 0 and self.rollout_device is not None:
+            raise ValueError("rollout_device has no effect without max_staleness > 0 (asynchronous rollouts)")
+        if self.max_staleness > 0:
+            if self.loss.sampler_is_mode is None:
+                raise ValueError("max_staleness > 0 trains on episodes of older weights: it needs the sampler importance-sampling correction (loss.sampler_is_mode=truncate or mask)")
+            if self.generator.backend != "transformers":
+                raise ValueError("max_staleness > 0: only generator.backend=transformers runs the background rollouts so far")
+            if self.distributed.strategy == "fsdp":
+                raise ValueError("max_staleness > 0 runs in one process; distributed.strategy=fsdp needs several")
+            if self.dynamic_sampling.enabled:
+                raise ValueError("max_staleness > 0 draws its tasks in the background: dynamic_sampling (refill rounds within a step) does not combine with it yet")
+        if self.sampling.seed is None:
+            self.sampling.seed = self.seed
+        return self
+
+
+def _under(defaults: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with ``defaults`` filled in where it sets nothing (nested dicts merged key by key)."""
+    out = dict(data)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _under(value, out[key])
+    return out

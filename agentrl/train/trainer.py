@@ -1,0 +1,309 @@
+"""The GRPO training loop: an explicit loop over accelerate, fed by the rollout engine.
+
+One optimizer step, read top to bottom in ``Trainer.train``:
+
+1. rollouts: ``prompts_per_step × steps_per_generation`` tasks, ``num_generations`` episodes each,
+   through the same ``RolloutEngine`` that ``agentrl eval`` uses, between the generator's
+   ``begin_rollout`` and ``end_rollout``; which tasks, and which groups are kept, is
+   ``GroupDraw``'s (agentrl/train/draw.py: curriculum, dynamic sampling, rollouts ahead);
+2. ``build_batch``: the typed ``Batch`` (rewards per turn, group-relative advantages per token);
+3. ``Learner.learn``: old/reference log-probs when needed, micro-batches, loss, optimizer step;
+4. ``generator.load_weights``: the new weights, however the backend takes them;
+5. metrics, samples, checkpoints; Ctrl-C finishes the step, saves and stops.
+
+From Python: ``Trainer(env=MyEnv(), model="default", max_steps=20).train()`` takes the same keys
+as ``agentrl train`` (dotted keys through ``**{"loss.beta": 0.04}``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+
+from agentrl.compute.compile_layers import compile_layers
+from agentrl.compute.parallel.distributed import any_rank, gather, peer_failures, share
+from agentrl.compute.parallel.strategy import make_strategy
+from agentrl.compute.reference import Reference, is_adapter_folder, load_policy
+from agentrl.core.strict import ConfigError
+from agentrl.core.trajectory import TrajectoryGroup
+from agentrl.env.environment import Environment
+from agentrl.generators import WeightUpdate, build_generator, run_with
+from agentrl.generators.config import require_backend
+from agentrl.generators.gathered import over_copy
+from agentrl.learn.batch import Batch, build_batch, reward_metrics
+from agentrl.learn.learner import Learner
+from agentrl.observe.curve import write_reward_curve
+from agentrl.observe.runlog import RunLog
+from agentrl.rollout.ahead import RolloutAhead
+from agentrl.rollout.engine import RolloutEngine
+from agentrl.rollout.metrics import rollout_metrics
+from agentrl.train.build import (
+    build_optimizer,
+    check_trackers,
+    config_from,
+    enable_gradient_checkpointing,
+    generation_base,
+    learner_config,
+    load_environment,
+    peak_memory_gib,
+    start_run,
+    with_guidance,
+)
+from agentrl.train.config import TrainConfig
+from agentrl.train.draw import GroupDraw, train_seed
+from agentrl.train.interrupt import stop_on_interrupt
+from agentrl.train.state import TrainState, resume_run, save_run
+
+
+class Trainer:
+    """Builds everything from a ``TrainConfig`` (or the same keys as keyword arguments) and runs ``train()``.
+
+    ``env``: a registered name, a ``module:Class`` spec, or an ``Environment`` instance.
+    """
+
+    def __init__(self, config: TrainConfig | None = None, /, *, env: str | Environment | None = None, **keys: Any) -> None:
+        from agentrl.chat import get_chat_format
+        from agentrl.compute.models import load_tokenizer, pad_token_id, resolve_model
+
+        instance = env if isinstance(env, Environment) else None
+        cfg = self.cfg = config_from(config, env, keys)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        # the environment first: its mistakes must not cost a model load
+        self.env, self.train_data = load_environment(cfg, instance)
+        check_trackers(cfg.report_to)
+        require_backend(cfg.generator)
+        self.accelerator, self.run_dir, bf16 = start_run(cfg)
+        self.is_main = self.accelerator.is_main_process  # rank 0 alone writes logs, samples, checkpoints, the curve
+        path = resolve_model(cfg.model.path)
+        self.tokenizer = load_tokenizer(cfg.model.path if not is_adapter_folder(path) else path)
+        self.chat_format = get_chat_format(self.tokenizer, cfg.model.chat_format)
+        strategy, why = make_strategy(cfg.distributed.strategy, self.accelerator.num_processes)
+        if why and self.is_main:
+            print(why, flush=True)
+        self.strategy = strategy
+        policy, kind = load_policy(path, torch.float32, strategy.load_device(self.accelerator.device), cfg.peft.model_dump() if cfg.peft else None)
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(policy)
+        self.reference = Reference(policy, kind, cfg.loss.beta, adapter_path=path if kind == "adapter" else None)
+        self.policy_kind = kind
+        generation_model = strategy.generation_model(policy, torch.bfloat16 if bf16 else None, self.accelerator.device)
+        policy = strategy.wrap(policy, self.accelerator.device, bf16)
+        optimizer, scheduler, why = build_optimizer(cfg, policy, torch.cuda.is_available(), strategy, full_finetune=kind == "full")
+        if why and self.is_main:
+            print(why, flush=True)
+        self.policy, self.optimizer, self.scheduler = strategy.prepare(self.accelerator, policy, optimizer, scheduler)
+        compiled, why = compile_layers(policy, cfg.compile_learner, strategy, cuda=self.accelerator.device.type == "cuda", full_finetune=kind == "full")
+        if why and self.is_main:
+            print(why, flush=True)
+        self.learner = Learner(self.accelerator, self.policy, self.optimizer, self.scheduler, self.reference, cfg.loss, learner_config(cfg), compiled, strategy)
+
+        self.pad_id = pad_token_id(self.tokenizer, self.chat_format.stop_token_ids)
+        generator = build_generator(
+            cfg.generator, model=generation_model if generation_model is not None else self._module(), model_path=generation_base(path, kind),
+            pad_token_id=self.pad_id, max_context=cfg.rollout.max_context, seed=cfg.seed, train_dtype=torch.bfloat16 if bf16 else None,
+        )
+        self.generator = over_copy(generator, self.policy, generation_model)  # FSDP2: decodes an unsharded copy
+        # the training rollouts: the engine, with guidance's demonstrated episodes plugged in when asked
+        self.engine = with_guidance(RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling), cfg.guidance)
+        self.state = TrainState.start(len(self.train_data), cfg.seed)
+        self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
+        self.interrupted = False
+        self.ahead: RolloutAhead | None = None  # max_staleness > 0: background rollouts (agentrl/rollout/ahead.py)
+        self._last_saved = -1  # the step this process last checkpointed (every rank knows it)
+        if cfg.resume:
+            with self._checkpoint_objects(saving=False) as (model, optimizer):
+                where, saved_world = resume_run(cfg.resume, self.run_dir, self.state, model, optimizer, self.scheduler)
+            if self.is_main:
+                print(f"resumed from {where} at step {self.step}", flush=True)
+                if saved_world != self.accelerator.num_processes:  # the batch and data order are global: it continues the same run
+                    print(f"resume: written by {saved_world} process(es), continuing with {self.accelerator.num_processes}", flush=True)
+        if cfg.resume or kind == "adapter":
+            self._sync_weights()  # a separate generator holds the base checkpoint's weights
+        if cfg.max_staleness:
+            self.ahead = self._rollouts_ahead(path, bf16)
+        # which tasks each step rolls out and which groups it keeps (curriculum, dynamic sampling, rollouts ahead)
+        self.draw = GroupDraw(cfg, self.train_data, self.state, lambda tasks, seed: self._rollout_shared(tasks, seed), self.ahead)
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    @property
+    def data_pos(self) -> int:
+        return self.state.data_pos
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.state.history
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        """Run to ``max_steps`` (or a Ctrl-C); returns the last step's headline metrics."""
+        cfg, state = self.cfg, self.state
+        stopping = False
+        try:
+            with RunLog(self.run_dir, self.accelerator) as log, stop_on_interrupt() as stop, peer_failures(self.accelerator, cfg.distributed_timeout_s):
+                if cfg.eval_every and state.step == 0:  # the "before" number, on the same tasks and seeds
+                    before = self.evaluate(cfg.eval_tasks)
+                    state.history.append({"step": 0, **before})
+                    log.log(0, before)
+                while state.step < cfg.max_steps and not (stopping := any_rank(self.accelerator, stop.is_set())):
+                    t_start = time.perf_counter()
+                    drawn = self.draw.next()
+                    rollout_peak = peak_memory_gib()
+                    batch = build_batch(drawn.train, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage,
+                                        guided_weight=cfg.guidance.weight)
+                    for metrics in self.learner.learn(batch, state.step):
+                        state.step += 1
+                        metrics.update(self._sync_weights())
+                        metrics.update(drawn.metrics)
+                        if rollout_peak is not None:
+                            metrics["perf/peak_gib_rollout"], metrics["perf/peak_gib_train"] = rollout_peak, peak_memory_gib()
+                        self._finish_step(log, metrics, batch, drawn.drawn, drawn.seconds, time.perf_counter() - t_start)
+                        t_start = time.perf_counter()
+                        if state.step >= cfg.max_steps or (stopping := any_rank(self.accelerator, stop.is_set())):
+                            break
+                if stopping:
+                    self.interrupted = True
+                    saved = self._checkpoint_dir() if self._saved_now() else self.save()
+                    if self.is_main:
+                        print(f"interrupted: stopped after step {state.step}, checkpoint {saved}; continue with resume=latest output_dir={self.run_dir}", flush=True)
+        finally:
+            if self.ahead is not None:
+                self.ahead.close()
+            anyio.run(self.generator.close)
+        if self.is_main:
+            write_reward_curve(state.history, self.run_dir / "reward_curve.png", title=f"agentrl train {cfg.env}")
+        if cfg.report_to:
+            self.accelerator.end_training()
+        return state.history[-1] if state.history else {}
+
+    def _finish_step(self, log: RunLog, metrics: dict[str, Any], batch: Batch, groups: list[TrajectoryGroup], rollout_s: float, step_s: float) -> None:
+        """Metrics, eval, history, logs, samples and the periodic checkpoint of the step just taken."""
+        cfg, step = self.cfg, self.state.step
+        metrics.update(batch.metrics)
+        if cfg.dynamic_sampling.enabled:  # the policy's reward is the one of every drawn group, not of the kept (varied) ones
+            metrics["reward/kept_mean"] = batch.metrics["reward/mean"]
+            metrics.update(reward_metrics([t for g in groups for t in g.ok]))
+        metrics.update({f"rollout/{k}": v for k, v in rollout_metrics(groups, rollout_s).items()})
+        metrics["perf/step_s"] = step_s
+        metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens_per_s", 0.0)
+        metrics["perf/eta_s"] = step_s * (cfg.max_steps - step)
+        if cfg.eval_every and step % cfg.eval_every == 0:
+            metrics.update(self.evaluate(cfg.eval_tasks))
+        self.state.history.append({k: metrics[k] for k in ("reward/mean", "accuracy", "eval/reward") if k in metrics} | {"step": step})
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            log.log(step, metrics)
+            log.samples(step, batch.trajectories[: cfg.samples_per_log], self.chat_format.decode)
+        if (cfg.save_every and step % cfg.save_every == 0) or (step == cfg.max_steps and cfg.save_final):
+            self.save()
+
+    def _rollout_shared(self, tasks: list[dict[str, Any]], seed: int, n: int | None = None, engine: RolloutEngine | None = None) -> tuple[list[TrajectoryGroup], float]:
+        """Every rank rolls out its contiguous block of ``tasks`` (environment seed ``seed + global
+        index``, as one process would) and receives everyone's groups in task order; the time is the
+        slowest rank's. On one process this is ``_rollout``."""
+        start, stop = share(len(tasks), self.accelerator.process_index, self.accelerator.num_processes)
+        groups, seconds = self._rollout(tasks[start:stop], seed=seed + start, n=n, engine=engine)
+        if self.accelerator.num_processes == 1:
+            return groups, seconds
+        for g, group in enumerate(groups):
+            for t in group.trajectories:
+                t.group = start + g
+        parts = gather(self.accelerator, (groups, seconds))
+        return [g for part, _ in parts for g in part], max(s for _, s in parts)
+
+    def _rollout(self, tasks: list[dict[str, Any]], seed: int, n: int | None = None, engine: RolloutEngine | None = None) -> tuple[list[TrajectoryGroup], float]:
+        self.policy.eval()
+        start = time.perf_counter()
+        n = self.cfg.num_generations if n is None else n
+        engine = engine or self.engine
+        self.generator.begin_rollout()
+        try:
+            groups = run_with(self.generator, lambda: engine.run(self.env, tasks, n=n, seed=seed))
+        finally:
+            self.generator.end_rollout()
+        return groups, time.perf_counter() - start
+
+    def _sync_weights(self) -> dict[str, float]:
+        """Hand the generator the policy's new weights (a no-op for one that shares the module)."""
+        start = time.perf_counter()
+        update = WeightUpdate.from_module(self._module(), version=self.state.step)
+        self.generator.load_weights(update)
+        out = {"perf/weight_sync_s": time.perf_counter() - start}
+        if self.ahead is not None:  # the rollouts-ahead copy takes them through the same protocol call
+            self.ahead.load_weights(update)
+            out.update(self.ahead.step_metrics(self.state.step))
+        return out
+
+    def _rollouts_ahead(self, path: str, bf16: bool) -> RolloutAhead:
+        """The background generator of ``max_staleness > 0``: a copy of the policy on ``rollout_device``."""
+        cfg = self.cfg
+        if self.accelerator.num_processes > 1:
+            raise ConfigError("max_staleness > 0 runs in one process for now; launch it without torchrun / accelerate launch")
+        return RolloutAhead(
+            self._module(), env=self.env, num_generations=cfg.num_generations,
+            make_generator=lambda module: build_generator(
+                cfg.generator, model=module, model_path=str(path), pad_token_id=self.pad_id, max_context=None, seed=cfg.seed, host_rollouts=True,
+                training_alongside=True,
+            ),
+            engine_of=lambda generator: with_guidance(RolloutEngine(generator, self.chat_format, cfg.rollout, cfg.sampling), cfg.guidance),
+            tasks_per_batch=cfg.prompts_per_step * cfg.steps_per_generation, steps_per_generation=cfg.steps_per_generation,
+            max_staleness=cfg.max_staleness, max_steps=cfg.max_steps, seed_of=lambda step: train_seed(cfg.seed, step), version=self.state.step,
+            device=torch.device(cfg.rollout_device) if cfg.rollout_device else self.accelerator.device, dtype=torch.bfloat16 if bf16 else None,
+            timeout_s=cfg.distributed_timeout_s,
+        )
+
+    def evaluate(self, n: int) -> dict[str, float]:
+        """Mean reward on the first ``n`` test tasks, one episode each at ``eval_temperature``."""
+        tasks = list(self.env.dataset("test"))[:n]
+        sampling = self.cfg.sampling.model_copy(update={"temperature": self.cfg.eval_temperature})
+        engine = RolloutEngine(self.generator, self.chat_format, self.cfg.rollout, sampling)
+        groups, _ = self._rollout_shared(tasks, seed=10_000_019, n=1, engine=engine)
+        self.eval_results[self.state.step] = [g.trajectories[0].reward if g.trajectories[0].ok else None for g in groups]
+        rewards = [t.reward for g in groups for t in g.ok]
+        out = {"eval/reward": sum(rewards) / max(1, len(rewards))}
+        correct = [t.rewards.get("correct") for g in groups for t in g.ok if t.rewards.get("correct") is not None]
+        if correct:
+            out["eval/accuracy"] = sum(correct) / len(correct)
+        return out
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        """Checkpoint the run (rank 0 writes; sharded weights and optimizer state are gathered to it first)."""
+        self._last_saved = self.state.step
+        with self._checkpoint_objects(saving=True) as (model, optimizer):
+            if not self.is_main:
+                return self._checkpoint_dir()
+            return save_run(
+                self.run_dir, self.state, self.policy_kind, model, self.tokenizer, optimizer, self.scheduler, self.cfg.keep_checkpoints,
+                world_size=self.accelerator.num_processes,
+            )
+
+    @contextlib.contextmanager
+    def _checkpoint_objects(self, saving: bool) -> Iterator[tuple[Any, Any]]:
+        """The model and optimizer checkpoint.py reads and writes (the strategy's views: full state dicts when sharded)."""
+        with self.strategy.checkpoint_objects(self._module(), self.policy, self.optimizer, saving) as views:
+            yield views
+
+    def _checkpoint_dir(self) -> Path:
+        from agentrl.train.checkpoint import checkpoint_dir
+
+        return checkpoint_dir(self.run_dir, self.state.step)
+
+    def _saved_now(self) -> bool:
+        # the step this process saved (known to every rank: a sharded save is collective), or one on disk
+        return self._last_saved == self.state.step or (self._checkpoint_dir() / "trainer_state.json").is_file()
+
+    def _module(self) -> Any:
+        return self.accelerator.unwrap_model(self.policy)
+
