@@ -215,6 +215,7 @@ class CalculatorEnv(ToolEnvironment):
         max_turns: assistant turns before the episode is truncated.
     """
 
+    accuracy_reward = "correct"
     train_defaults = {
         "advantage": "turn",
         "max_steps": 90,

@@ -190,6 +190,7 @@ class MathPythonEnv(ToolEnvironment):
     # The recipe of docs/environments.md ("A starting model and RL on it"): per-turn credit for the
     # per-turn ``computed`` reward, small batches (a step of 8 x 8 episodes with a sandbox run each),
     # room in a turn for the longest scripted program (~90 tokens).
+    accuracy_reward = "correct"
     train_defaults = {
         "advantage": "turn",
         "max_steps": 60,

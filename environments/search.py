@@ -173,6 +173,8 @@ class SearchEnv(ToolEnvironment):
         max_turns: assistant turns before the episode is truncated.
     """
 
+    accuracy_reward = "correct"
+
     system_prompt = SYSTEM_PROMPT
 
     def __init__(self, num_test: int = 100, seed: int = 0, k: int = 5, max_turns: int = 8) -> None:

@@ -34,7 +34,7 @@ SMALL = [
 
 
 def install_plugin(tmp_path, monkeypatch) -> str:
-    """An installed plugin: a module plus an entry point in the ``agentrl.learn.losses`` group, the way a
+    """An installed plugin: a module plus an entry point in the ``agentrl.losses`` group, the way a
     pip-installed package publishes it (a .dist-info folder on sys.path). Selected by its name."""
     site = tmp_path / "site"
     (site / "my_agentrl_losses").mkdir(parents=True)
@@ -42,7 +42,7 @@ def install_plugin(tmp_path, monkeypatch) -> str:
     info = site / "my_agentrl_losses-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-agentrl-losses\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[agentrl.learn.losses]\ntest_plugin_reinforce = my_agentrl_losses\n")
+    (info / "entry_points.txt").write_text("[agentrl.losses]\ntest_plugin_reinforce = my_agentrl_losses\n")
     monkeypatch.syspath_prepend(str(site))
     return "test_plugin_reinforce"
 

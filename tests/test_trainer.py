@@ -132,7 +132,7 @@ def test_reference_mixing(tmp_path):
         (["learning_rat=1e-3"], r"learning_rat: unknown key \(did you mean learning_rate\?\)"),
         (["loss.epsilom=0.1"], r"loss.epsilom: unknown key \(did you mean loss.epsilon\?\)"),
         (["loss.loss_type=sapo", "loss.epsilon_high=0.3"], "no effect with loss_type=sapo"),
-        (["eval_tasks=10"], "eval_tasks/eval_temperature have no effect"),
+        (["eval_tasks=10"], "eval_tasks/eval_temperature/eval_seed have no effect"),
         (["sampling.temperature=0"], "training needs temperature > 0"),
         (["ref_mix_alpha=0.5", "ref_mix_every=2"], "needs loss.beta > 0"),
         (["loss.loss_type=ppo"], "loss.loss_type"),

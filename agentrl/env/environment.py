@@ -118,6 +118,9 @@ class Environment:
     # `agentrl train` settings this environment was tuned with, applied where the user sets nothing
     # (e.g. {"advantage": "turn", "max_steps": 120}); config.json records what a run used.
     train_defaults: dict[str, Any] = {}
+    # the reward component that says whether an episode succeeded (1) or not (0): logged as
+    # ``accuracy`` in training and ``eval/accuracy`` in its evaluations (None: none is)
+    accuracy_reward: str | None = None
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""

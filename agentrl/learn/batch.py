@@ -64,7 +64,7 @@ class Batch:
 
 def build_batch(
     groups: list[TrajectoryGroup], *, pad_id: int, scale: Scale = "group", log_episodes: int = 0, mode: AdvantageMode = "episode",
-    guided_weight: float = 1.0,
+    guided_weight: float = 1.0, accuracy: str | None = None,
 ) -> Batch:
     """The ``Batch`` of these groups: failed episodes dropped, rewards kept per turn, advantages per token.
 
@@ -129,7 +129,7 @@ def build_batch(
         samples=[s for _, s in rows],
         logged=episode < log_episodes,
         trajectories=trajs,
-        metrics=reward_metrics(trajs) | {f"adv/{k}": v for k, v in adv_metrics.items()},
+        metrics=reward_metrics(trajs, accuracy) | {f"adv/{k}": v for k, v in adv_metrics.items()},
     )
 
 
@@ -160,9 +160,10 @@ def _turn_rewards(trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor, 
     return totals, comps, names
 
 
-def reward_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+def reward_metrics(trajs: list[Trajectory], accuracy: str | None = None) -> dict[str, float]:
     """Mean reward and each component's mean over the episodes where it applied: the policy's own
-    episodes (demonstrated ones, agentrl/rollout/guidance.py, are trained on but are not its reward)."""
+    episodes (demonstrated ones, agentrl/rollout/guidance.py, are trained on but are not its reward).
+    ``accuracy``: the component also logged as ``accuracy`` (the environment's ``accuracy_reward``)."""
     trajs = [t for t in trajs if not t.guided]
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)
     out = {"reward/mean": float(rewards.mean()) if trajs else 0.0, "reward/std": float(rewards.std()) if len(trajs) > 1 else 0.0}
@@ -170,6 +171,6 @@ def reward_metrics(trajs: list[Trajectory]) -> dict[str, float]:
         values = [t.rewards[name] for t in trajs if t.rewards.get(name) is not None]
         if values:
             out[f"reward/{name}"] = sum(values) / len(values)
-    if "reward/correct" in out:
-        out["accuracy"] = out["reward/correct"]
+    if accuracy is not None and f"reward/{accuracy}" in out:
+        out["accuracy"] = out[f"reward/{accuracy}"]
     return out

@@ -126,6 +126,7 @@ class TrainConfig(Strict):
     eval_every: int = Field(0, ge=0, description="evaluate on the test split every N steps (0: off)")
     eval_tasks: int = Field(64, ge=1, description="test tasks per periodic eval")
     eval_temperature: float = Field(0.0, ge=0, description="sampling temperature of the periodic eval (0: greedy)")
+    eval_seed: int = Field(10_000_019, description="environment seed of the periodic eval's first test task (task i uses eval_seed + i)")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps")
     save_final: bool = Field(True, description="checkpoint after the last step")
     keep_checkpoints: int | None = Field(2, ge=1, description="newest checkpoints kept (null: all)")
@@ -158,8 +159,8 @@ class TrainConfig(Strict):
             raise ValueError("ref_mix_alpha and ref_mix_every go together (both set, or neither)")
         if self.ref_mix_alpha is not None and (self.loss.beta == 0 or self.peft is not None):
             raise ValueError("ref_mix_alpha mixes a full-model reference: it needs loss.beta > 0 and no peft")
-        if self.eval_every == 0 and self.model_fields_set & {"eval_tasks", "eval_temperature"}:
-            raise ValueError("eval_tasks/eval_temperature have no effect without eval_every > 0")
+        if self.eval_every == 0 and self.model_fields_set & {"eval_tasks", "eval_temperature", "eval_seed"}:
+            raise ValueError("eval_tasks/eval_temperature/eval_seed have no effect without eval_every > 0")
         if self.distributed.strategy == "fsdp":
             if self.peft is not None:
                 raise ValueError("distributed.strategy=fsdp shards full fine-tuning; LoRA trains a few parameters: use ddp (the default)")

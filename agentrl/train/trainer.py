@@ -161,7 +161,7 @@ class Trainer:
                     drawn = self.draw.next()
                     rollout_peak = peak_memory_gib()
                     batch = build_batch(drawn.train, pad_id=self.pad_id, scale=cfg.advantage_scale, log_episodes=cfg.samples_per_log, mode=cfg.advantage,
-                                        guided_weight=cfg.guidance.weight)
+                                        guided_weight=cfg.guidance.weight, accuracy=self.env.accuracy_reward)
                     for metrics in self.learner.learn(batch, state.step):
                         state.step += 1
                         metrics.update(self._sync_weights())
@@ -193,7 +193,7 @@ class Trainer:
         metrics.update(batch.metrics)
         if cfg.dynamic_sampling.enabled:  # the policy's reward is the one of every drawn group, not of the kept (varied) ones
             metrics["reward/kept_mean"] = batch.metrics["reward/mean"]
-            metrics.update(reward_metrics([t for g in groups for t in g.ok]))
+            metrics.update(reward_metrics([t for g in groups for t in g.ok], self.env.accuracy_reward))
         metrics.update({f"rollout/{k}": v for k, v in rollout_metrics(groups, rollout_s).items()})
         metrics["perf/step_s"] = step_s
         metrics["perf/sampled_tokens_per_s"] = metrics.get("rollout/sampled_tokens_per_s", 0.0)
@@ -267,11 +267,12 @@ class Trainer:
         tasks = list(self.env.dataset("test"))[:n]
         sampling = self.cfg.sampling.model_copy(update={"temperature": self.cfg.eval_temperature})
         engine = RolloutEngine(self.generator, self.chat_format, self.cfg.rollout, sampling)
-        groups, _ = self._rollout_shared(tasks, seed=10_000_019, n=1, engine=engine)
+        groups, _ = self._rollout_shared(tasks, seed=self.cfg.eval_seed, n=1, engine=engine)
         self.eval_results[self.state.step] = [g.trajectories[0].reward if g.trajectories[0].ok else None for g in groups]
         rewards = [t.reward for g in groups for t in g.ok]
         out = {"eval/reward": sum(rewards) / max(1, len(rewards))}
-        correct = [t.rewards.get("correct") for g in groups for t in g.ok if t.rewards.get("correct") is not None]
+        name = self.env.accuracy_reward
+        correct = [t.rewards[name] for g in groups for t in g.ok if name is not None and t.rewards.get(name) is not None]
         if correct:
             out["eval/accuracy"] = sum(correct) / len(correct)
         return out

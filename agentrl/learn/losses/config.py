@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from agentrl.core.errors import UserError
+from agentrl.core.errors import ConfigError
+from agentrl.core.strict import Strict
 from agentrl.learn.losses.aggregation import AGGREGATIONS
 from agentrl.learn.losses.registry import LossSpec, UnknownLoss, resolve_loss
 
@@ -21,17 +22,17 @@ SamplerLevel = Literal["token", "sequence", "geometric"]
 SamplerMode = Literal["truncate", "mask"]
 
 
-class LossConfigError(UserError, ValueError):
+class LossConfigError(ConfigError):
     """A conflicting or out-of-range loss setting; the message names the key."""
 
 
-class LossConfig(BaseModel):
+class LossConfig(Strict):
     """Settings of :func:`agentrl.learn.losses.policy_loss` (docs/losses.md has every formula).
 
     Defaults follow TRL's ``GRPOConfig`` where sensible; docs/losses.md lists each difference.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)  # Strict, and shared by every step: never mutated
 
     loss_type: str = Field(
         "dapo", description="a registered loss (grpo, bnpo, dr_grpo, dapo, cispo, sapo, ...), or 'file.py:name' / 'module:name'"
