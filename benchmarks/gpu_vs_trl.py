@@ -4,8 +4,14 @@
     python benchmarks/gpu_vs_trl.py --tokenizer .assets/qwen3 --rows 8x8x256,8x8x1024,32x8x512
     # multi-turn calculator rows "mtPxG" (a short SFT on the device first, see multiturn_bench.py)
     python benchmarks/gpu_vs_trl.py --tokenizer .assets/qwen3 --rows mt8x8
-    # this CPU: the bundled model, both frameworks on CPU
+    # TRL's continuous-batching path beside its plain generate; the sizes users train (issue 48)
+    python benchmarks/gpu_vs_trl.py --tokenizer .assets/qwen3 --shape qwen3-1.7b --rows 8x8x256 --frameworks agentrl,trl,trl_cb
+    python benchmarks/gpu_vs_trl.py --tokenizer .assets/qwen3 --shape qwen3-8b --lora 16 --rows 8x8x256 --frameworks agentrl,trl_cb,trl
+    # on a lent machine, several rows inside one time budget (benchmarks/device_rows.sh says what it expects)
+    bash benchmarks/device_rows.sh 555 qwen2.5-0.5b:8x8x256:4:agentrl,trl,trl_cb qwen3-4b:8x8x256:3:agentrl,trl_cb,trl
+    # this CPU: the bundled model, both frameworks on CPU; a dry run of the GPU rows' code paths on a tiny Qwen3
     python benchmarks/gpu_vs_trl.py --cpu --rows 4x4x32
+    python benchmarks/gpu_vs_trl.py --cpu --shape tiny-qwen3-untied --lora 16 --tokenizer <qwen3 tokenizer> --rows 4x4x16 --steps 2 --frameworks agentrl,trl,trl_cb
 
 A row ``PxGxN`` is P prompts x G generations x N completion tokens per optimizer step. Both sides
 get the same single-turn prompts (TRL's dataset is built from the agentrl environment's own reset
@@ -24,7 +30,17 @@ both sides: the micro-batches' forward and backward, clipping and the optimizer 
 ``perf/train_s`` of its learner; TRL: ``training_step`` without ``_prepare_inputs``, where it
 generates and scores, plus the optimizer step). "peak GiB" is the run's peak CUDA memory
 allocated (on CPU the peak resident set); agentrl's rollout and training peaks are printed below
-the table.
+the table. "first step end s" counts from the worker's launch (imports, model load, compiles) to
+the end of its first optimizer step; that step's own seconds follow in brackets.
+
+Frameworks (``--frameworks``, run in the order given, each in its own process): ``agentrl``;
+``trl``, GRPOTrainer on transformers' ``generate``; ``trl_cb``, the same with
+``use_transformers_continuous_batching=True`` at TRL's defaults for it (vLLM, TRL's other fast
+path, cannot run on the lent machines). Every ratio in the table is against each TRL path that ran.
+``--lora R``: LoRA rank R (alpha 32, all linear layers) on both sides; the model is built in bf16
+and TRL loads it so; agentrl loads its base as it always does (float32, bf16 autocast).
+``--deadline S`` bounds the whole command: a run still going at S seconds is killed with its
+process group and later runs are not started, so a lent machine's per-call limit returns results.
 """
 
 from __future__ import annotations
