@@ -150,9 +150,10 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(build(TrainConfig, parse_overrides(args)))
-    from gpu_vs_trl import experiment_kernels
+    from gpu_vs_trl import T0, experiment_kernels, time_first_step
 
     experiment_kernels(trainer.learner.model, os.environ.get("AGENTRL_BENCH_KERNELS", ""))
+    first_end = time_first_step(trainer)
     trainer.train()
     rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     for r in rows:
@@ -170,6 +171,7 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     return {
         "step_s": step, "gen_s": gen, "train_s": step - gen, "episodes": P * G,
         "learn_s": statistics.median(r["perf/train_s"] for r in later),  # the learner: forward, backward, optimizer
+        "first_step_s": rows[0]["perf/step_s"], "first_step_end_s": first_end[0] - T0,
         # what the episodes did, over every step as TRL's side reports it (times: after the first step)
         "sampled_tokens": statistics.mean(r["rollout/tokens/sampled"] for r in rows),
         "turns_mean": statistics.mean(r["rollout/turns/mean"] for r in rows),
@@ -187,8 +189,11 @@ def run_agentrl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
     }
 
 
-def trl_setup(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> tuple[Any, Any, Any, dict[str, list[float]]]:
-    """TRL's side of the multi-turn rows: (GRPOConfig, dataset, reward function, per-episode stats it fills)."""
+def trl_setup(model: str, P: int, G: int, steps: int, lr: float = 1e-6, cb: bool = False) -> tuple[Any, Any, Any, dict[str, list[float]]]:
+    """TRL's side of the multi-turn rows: (GRPOConfig, dataset, reward function, per-episode stats it fills).
+
+    ``cb``: TRL's continuous-batching generation (``use_transformers_continuous_batching``).
+    """
     import anyio
     from datasets import Dataset
     from trl import GRPOConfig
@@ -226,6 +231,7 @@ def trl_setup(model: str, P: int, G: int, steps: int, lr: float = 1e-6) -> tuple
         gradient_checkpointing=torch.cuda.is_available(), max_steps=steps, logging_steps=1, report_to="none",
         save_strategy="no", seed=0, lr_scheduler_type="constant", max_grad_norm=1.0, adam_beta2=0.99, weight_decay=0.0,
         optim="adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch", dataloader_num_workers=0, shuffle_dataset=False,
+        use_transformers_continuous_batching=cb,
     )
     return config, Dataset.from_list(rows), reward, stats
 
@@ -238,10 +244,10 @@ def trl_trainer(model: str, P: int, G: int, steps: int, lr: float = 1e-6, callba
     return (cls or GRPOTrainer)(model=model, reward_funcs=[reward], args=config, train_dataset=data, tools=[calculator], callbacks=callbacks)
 
 
-def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
-    from gpu_vs_trl import train_trl_timed
+def run_trl(model: str, P: int, G: int, steps: int, cb: bool = False) -> dict[str, Any]:
+    from gpu_vs_trl import T0, train_trl_timed
 
-    config, data, reward, stats = trl_setup(model, P, G, steps)
+    config, data, reward, stats = trl_setup(model, P, G, steps, cb=cb)
     trainer, step, gen, _total = train_trl_timed(
         lambda cls, callbacks: cls(model=model, reward_funcs=[reward], args=config, train_dataset=data, tools=[calculator], callbacks=callbacks)
     )
@@ -257,6 +263,7 @@ def run_trl(model: str, P: int, G: int, steps: int) -> dict[str, Any]:
         "final_answer_rate": statistics.mean(answered) if answered else float("nan"),
         "reward": statistics.mean(rewards) if rewards else float("nan"),
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan"),
+        "first_step_s": trainer.first_step_s, "first_step_end_s": trainer.first_step_end - T0,
     }
 
 
