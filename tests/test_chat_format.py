@@ -138,7 +138,7 @@ def test_available_formats_are_all_constructible(qwen3_tok: Any) -> None:
 
 # ------------------------------------------------------------------ registry and packaging
 def test_register_a_new_family(monkeypatch: pytest.MonkeyPatch, tiny_tok: Any) -> None:
-    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())
 
     @register_parser("shouting")
     class ShoutingParser(ResponseParser):

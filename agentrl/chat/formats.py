@@ -15,6 +15,7 @@ from importlib.resources import files
 from typing import Any
 
 from agentrl.chat.parsers import TemplateProbe, get_parser, parser_classes
+from agentrl.core.registry import Registry
 
 Messages = list[dict[str, Any]]
 
@@ -60,16 +61,14 @@ class FormatSpec:
         return None if name is None else read_template(name)
 
 
-_FORMATS: dict[str, FormatSpec] = {}
+_FORMATS: Registry[FormatSpec] = Registry("chat format")
 
 
 def register_format(spec: FormatSpec) -> FormatSpec:
     """Make ``spec`` available by name; its parser must be registered already."""
-    if spec.name in _FORMATS and _FORMATS[spec.name] != spec:
-        raise ValueError(f"a chat format named {spec.name!r} is already registered")
-    get_parser(spec.parser)  # fails early, naming the parsers, if the parser is unknown
-    _FORMATS[spec.name] = spec
-    return spec
+    if spec.name not in _FORMATS or _FORMATS[spec.name] != spec:
+        get_parser(spec.parser)  # fails early, naming the parsers, if the parser is unknown
+    return _FORMATS.add(spec.name, spec)
 
 
 def available_formats() -> list[str]:

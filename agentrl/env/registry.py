@@ -13,26 +13,32 @@ from typing import Any
 
 from agentrl.core.errors import UserError
 from agentrl.core.loading import SpecError, load_spec
+from agentrl.core.registry import Registry
 
 ENTRY_POINT_GROUP = "agentrl.environments"
 
-_REGISTRY: dict[str, str | Callable[..., Any]] = {
-    "calculator": "agentrl.environments.calculator:CalculatorEnv",
-    "math_python": "agentrl.environments.math_python:MathPythonEnv",
-    "sokoban": "agentrl.environments.sokoban:SokobanEnv",
-    "search": "agentrl.environments.search:SearchEnv",
-}
 
 
 class UnknownEnvironment(UserError, LookupError):
     """No environment matches a spec; the message lists what is known."""
 
 
+_REGISTRY: Registry[str | Callable[..., Any]] = Registry("environment", UnknownEnvironment)
+for _name, _target in {
+    "calculator": "agentrl.environments.calculator:CalculatorEnv",
+    "math_python": "agentrl.environments.math_python:MathPythonEnv",
+    "sokoban": "agentrl.environments.sokoban:SokobanEnv",
+    "search": "agentrl.environments.search:SearchEnv",
+}.items():
+    _REGISTRY.add(_name, _target)
+
+
 def register(name: str, target: str | Callable[..., Any], *, overwrite: bool = False) -> None:
     """Register ``target`` (a class, a factory or a ``"module:Class"`` string) under ``name``."""
-    if name in _REGISTRY and not overwrite and _REGISTRY[name] != target:
-        raise ValueError(f"environment {name!r} is already registered; pass overwrite=True to replace it")
-    _REGISTRY[name] = target
+    try:
+        _REGISTRY.add(name, target, overwrite=overwrite)
+    except ValueError as exc:
+        raise ValueError(f"{exc}; pass overwrite=True to replace it") from None
 
 
 def registered() -> list[str]:

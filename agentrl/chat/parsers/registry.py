@@ -6,8 +6,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from agentrl.chat.parsers.base import ResponseParser
+from agentrl.core.registry import Registry
 
-_REGISTRY: dict[str, type[ResponseParser]] = {}
+_REGISTRY: Registry[type[ResponseParser]] = Registry("parser")
 
 P = TypeVar("P", bound=type[ResponseParser])
 
@@ -16,10 +17,8 @@ def register_parser(name: str) -> Callable[[P], P]:
     """Class decorator: make a :class:`ResponseParser` available as ``get_parser(name)``."""
 
     def decorate(cls: P) -> P:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"a parser named {name!r} is already registered ({_REGISTRY[name].__qualname__})")
+        _REGISTRY.add(name, cls, same=lambda old, new: old is new)
         cls.name = name
-        _REGISTRY[name] = cls
         return cls
 
     return decorate

@@ -215,23 +215,9 @@ class StaticDecoder:
         # the next multiple of ACTIVE_STEP), one graph per such length; this needs our own attention
         # function (GQA_DECODE), which narrows the keys to the mask, so only models on SDPA slice.
         self._slices = self._gqa_ready and getattr(model.config, "_attn_implementation", None) == "sdpa"
-        # torch.compile for the one-token step only (prefill widths vary): inductor fuses the
-        # ~20 small kernels per layer (RMSNorm in float32, rotary, SiLU * up, residual adds) that
-        # leave even a graph-replayed step launch-bound. Compiled once, on first use, with dynamic
-        # batch and cache length: compiled for its first shape, it recompiled at the first new
-        # cache length, again at the first new batch size and again at a batch of one, each time
-        # in the middle of a later rollout (25-47 s per recompile for a 0.5B model on an H200; a
-        # multi-turn run meets new shapes for several steps). Batches are at least two rows, as
-        # a batch of one would still specialise. The caches' KV-head and head dimensions are
-        # marked static (forward, _mark_static_dims): as symbols, dynamo's duck sizing gave a size
-        # that equalled the head dimension at the first trace their symbol, and it was fixed: a
-        # first batch of 64 rows with Qwen2.5-0.5B's 64-wide heads (the first 32-row batch
-        # compiled again, 83 s on an H200, mid-rollout), or Qwen3's first 128 active columns with
-        # its 128-wide heads (compiled again at 256 and at 384). Tracing without duck sizing
-        # instead left every cache tensor's sizes their own symbols: Qwen3-0.6B's one compile then
-        # spent its time in sympy, 333 s of captures against 195 s for the two compiles before
-        # (H200, benchmarks/RESULTS.md). Rows and active columns still share a symbol when they
-        # are equal at the first trace (256 rows first attending to 256 columns): one recompile.
+        # torch.compile for the one-token step only (prefill widths vary), dynamic batch and cache
+        # length, batches of at least two rows, KV-head and head dimensions static: each choice
+        # avoids a mid-rollout recompile (docs/performance.md, "Recompiles of the decode step")
         self._compiled = torch.compile(model, dynamic=True) if compile else None
         self._bias_ends: tuple[torch.Tensor, torch.Tensor] | None = None  # 0 and -inf for _additive
         self.stats = {"graphs_captured": 0, "graph_replays": 0, "eager_steps": 0, "capture_s": 0.0}

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrl.core.registry import Registry
+
 Aggregation = Callable[[torch.Tensor, torch.Tensor, "StepCounts"], torch.Tensor]
 
 
@@ -69,17 +71,14 @@ def local_counts(mask: torch.Tensor, truncated: torch.Tensor | None = None) -> t
     return torch.tensor([float(m.sum()), float(m.any(-1).sum()), float(m.shape[0])], dtype=torch.float64)
 
 
-AGGREGATIONS: dict[str, Aggregation] = {}
+AGGREGATIONS: Registry[Aggregation] = Registry("aggregation")
 
 
 def register_aggregation(name: str) -> Callable[[Aggregation], Aggregation]:
     """Decorator: make ``fn(per_token_loss, mask, counts) -> share`` selectable as ``loss.aggregation=name``."""
 
     def deco(fn: Aggregation) -> Aggregation:
-        if name in AGGREGATIONS and AGGREGATIONS[name] is not fn:
-            raise ValueError(f"aggregation {name!r} is already registered")
-        AGGREGATIONS[name] = fn
-        return fn
+        return AGGREGATIONS.add(name, fn)
 
     return deco
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from agentrl.core.errors import UserError
+from agentrl.core.registry import Registry
 from agentrl.learn.losses.aggregation import AGGREGATIONS
 
 Metrics = dict[str, torch.Tensor]
@@ -38,7 +39,7 @@ class LossSpec:
     aggregation: str
 
 
-LOSSES: dict[str, LossSpec] = {}
+LOSSES: Registry[LossSpec] = Registry("loss")
 _RESOLVED: dict[str, LossSpec] = {}  # import spec -> spec, so a user file is executed once per process
 
 
@@ -52,11 +53,8 @@ def register_loss(name: str, *, aggregation: str = "token_mean") -> Callable[[Lo
         raise ValueError(f"register_loss({name!r}): unknown aggregation {aggregation!r}; known: {', '.join(AGGREGATIONS)}")
 
     def deco(fn: LossFn) -> LossFn:
-        old = LOSSES.get(name)
-        same = old is not None and (old.fn is fn or _qualname(old.fn) == _qualname(fn))
-        if old is not None and not same:
-            raise ValueError(f"loss {name!r} is already registered by {_qualname(old.fn)}")
-        LOSSES[name] = LossSpec(name, fn, aggregation)
+        # the same function again (a module imported twice, e.g. a user file) replaces its entry
+        LOSSES.add(name, LossSpec(name, fn, aggregation), same=lambda old, new: old.fn is fn or _qualname(old.fn) == _qualname(fn))
         fn.__agentrl_loss__ = name  # type: ignore[attr-defined]
         return fn
 
