@@ -63,7 +63,7 @@ def main() -> None:
             batch.step(tok)  # capture (and compile)
             torch.cuda.synchronize()
             capture_s = time.perf_counter() - t0
-            replay = timed(lambda: dec.decode_step(batch.slot, batch.column), 100)  # noqa: B023 - timed calls it at once
+            replay = timed(lambda: dec.decode_step(batch.slot, batch.column), 100)
         print(f"{'compiled' if compiled else 'eager'} step: capture {capture_s:.1f} s, graph replay {replay:.2f} ms/step", flush=True)
     with torch.inference_mode():
         logits = batch.prefill_logits if not args.generator_only else torch.randn(B, model.config.vocab_size, device="cuda").bfloat16()
@@ -100,7 +100,7 @@ def main() -> None:
             t = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 for p in prompts:
-                    tg.start_soon(gen.generate, p, sp)  # noqa: B023 - timed calls it at once
+                    tg.start_soon(gen.generate, p, sp)
             return time.perf_counter() - t
 
         anyio.run(run)  # warm-up / capture

@@ -70,7 +70,7 @@ async def acheck_env(env: Any, seed: int = 0) -> None:
     other = env.spawn()
     await _reset(other, seed + 1, problems)
     await _check_step(env, problems)
-    if env is not other and getattr(env, "episode", None) is not None and getattr(env, "episode") is getattr(other, "episode"):
+    if env is not other and getattr(env, "episode", None) is not None and env.episode is other.episode:
         problems.append("spawn() returned an instance sharing episode state with the original")
     if problems:
         raise EnvCheckError(name, problems)

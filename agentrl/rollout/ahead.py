@@ -208,7 +208,7 @@ class RolloutAhead:
                 t0 = time.perf_counter()
                 self.generator.begin_rollout()
                 try:
-                    result.groups = self.generator.run_rollouts(lambda: anyio.run(lambda: self.engine.run(self.env, job.tasks, n=self.n, seed=job.seed)))  # noqa: B023 - called at once
+                    result.groups = self.generator.run_rollouts(lambda: anyio.run(lambda: self.engine.run(self.env, job.tasks, n=self.n, seed=job.seed)))
                 finally:
                     self.generator.end_rollout()
                 result.seconds = time.perf_counter() - t0

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
