@@ -79,7 +79,10 @@ def test_per_turn_rewards_are_kept():
     assert math.isnan(comps[0, 0]) and comps[0, 1] == 0.5 and comps[1, 0] == 1.0 and math.isnan(comps[1, 1])  # None stays missing
     assert math.isnan(batch.turn_rewards[1, 1])  # b has one turn
     assert torch.allclose(torch.nansum(batch.turn_rewards, 1), batch.rewards.double())  # turns add up to the episode
-    assert batch.metrics["reward/correct"] == pytest.approx(0.5) and batch.metrics["accuracy"] == pytest.approx(0.5)
+    assert batch.metrics["reward/correct"] == pytest.approx(0.5) and "accuracy" not in batch.metrics  # no component is declared the accuracy
+    declared = build_batch(groups(), pad_id=PAD, accuracy="correct")  # the environment's accuracy_reward
+    assert declared.metrics["accuracy"] == pytest.approx(0.5)
+    assert build_batch(groups(), pad_id=PAD, accuracy="step").metrics["accuracy"] == pytest.approx(batch.metrics["reward/step"])
 
 
 def test_advantages_are_per_episode_and_per_token():
