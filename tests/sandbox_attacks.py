@@ -263,6 +263,25 @@ def symlinks_left_behind(tool: PythonTool, scratch: Path) -> tuple[bool, str]:
 # -- the rest of the issue's list ------------------------------------------------------------------
 
 
+def write_around_the_limit(tool: PythonTool, scratch: Path) -> tuple[bool, str]:
+    """Twice the disk limit into each place outside the working dir a sandbox might leave writable
+    (its own /, /etc, /dev, /dev/shm, /run): in all, no more than the limit may land anywhere."""
+    mark = f"agentrl-around-{uuid.uuid4().hex[:8]}"
+    code = (
+        "import os\nwritten = {}\nfor d in ['/', '/etc', '/dev', '/dev/shm', '/run']:\n    n = 0\n"
+        f"    for i in range({2 * DISK_MB // 8}):\n        try:\n            with open(os.path.join(d, f'{mark}-{{i}}'), 'wb') as f:\n"
+        "                f.write(b'x' * 8 * 2**20)\n            n += 8\n        except OSError:\n            break\n    written[d] = n\n"
+        f"    for i in range({2 * DISK_MB // 8}):\n        try:\n            os.unlink(os.path.join(d, f'{mark}-{{i}}'))\n"
+        "        except OSError:\n            pass\nprint('MB written', written, 'total', sum(written.values()))"
+    )
+    text, _, _ = call(tool, code)
+    for d in ("/dev/shm", "/run", "/tmp"):
+        for p in Path(d).glob(f"{mark}-*"):
+            p.unlink()
+    total = int(text.split("total")[-1].split()[0]) if "total" in text else -1
+    return 0 <= total <= DISK_MB, text
+
+
 def disk_fill(tool: PythonTool, scratch: Path) -> tuple[bool, str]:
     """The issue's attack: 160 files of 15 MB in the working directory (2.4 GB before the fix)."""
     text, _, took = call(tool, "for i in range(160):\n    open(f'f{i}', 'wb').write(b'x' * 15 * 2**20)\nprint('wrote 2.4 GB')")
@@ -390,9 +409,15 @@ def network(tool: PythonTool, scratch: Path) -> tuple[bool, str]:
 
 
 def ctypes_calls(tool: PythonTool, scratch: Path) -> tuple[bool, str]:
-    code = "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nprint('setuid', libc.setuid(0), 'uid', os.getuid(), flush=True)\nctypes.string_at(0)"
+    """setuid(0) (under unshare it succeeds: root of its own user namespace, nobody outside), then
+    open the host's /etc/passwd for writing (never written), then a NULL read."""
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nprint('setuid', libc.setuid(0), 'uid', os.getuid(), flush=True)\n"
+        "try:\n    open('/etc/passwd', 'a').close()\n    print('opened /etc/passwd for writing', flush=True)\n"
+        "except OSError as e:\n    print('refused', type(e).__name__, flush=True)\nctypes.string_at(0)"
+    )
     text, _, _ = call(tool, code)
-    return "setuid -1" in text and "SIGSEGV" in text, text
+    return "refused" in text and "SIGSEGV" in text, text
 
 
 def signal_parent(tool: PythonTool, scratch: Path) -> tuple[bool, str]:
@@ -433,6 +458,7 @@ EXPECTED: dict[str, tuple[Attack, bool, bool, bool]] = {
     "orphans (setsid + double fork)": (orphans, YES, YES, NO),
     "symlinks left behind in the working dir": (symlinks_left_behind, YES, YES, YES),
     "disk fill (160 files of 15 MB)": (disk_fill, YES, YES, YES),
+    "writes outside the working dir's limit (/, /etc, /dev, /dev/shm, /run)": (write_around_the_limit, YES, YES, NO),
     "disk fill, errors ignored": (disk_fill_ignoring_errors, YES, YES, YES),
     "many small files": (many_small_files, YES, YES, YES),
     "very long file names and deep paths": (long_file_names, YES, YES, YES),
@@ -447,7 +473,7 @@ EXPECTED: dict[str, tuple[Attack, bool, bool, bool]] = {
     "CPU burn in threads": (cpu_threads, YES, YES, YES),
     "huge stdout": (huge_stdout, YES, YES, YES),
     "network to a loopback port": (network, YES, YES, NO),
-    "ctypes calls (setuid(0), a NULL read)": (ctypes_calls, YES, YES, YES),
+    "ctypes calls (setuid(0), /etc/passwd for writing, a NULL read)": (ctypes_calls, YES, YES, YES),
     "signals to the parent and other host processes": (signal_parent, YES, YES, AS_ROOT),
 }
 BACKEND_COLUMN = {"bwrap": 1, "unshare": 2, "none": 3}

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["agentrl.strict", "agentrl.loading", "agentrl.models", "agentrl.bundled", "agentrl.logprobs", "agentrl.head_tiles", "agentrl.compile_layers",
                     "agentrl.losses", "agentrl.checkpoint", "agentrl.optim_offload", "agentrl.optim_8bit", "agentrl.plot", "agentrl.config_help",
                     "agentrl.reference"]),
-    ("tools and chat formats", ["agentrl.tool", "agentrl.tool_threads", "agentrl.sandbox", "agentrl.replay", "agentrl.dispatch", "agentrl.chat"]),
+    ("tools and chat formats", ["agentrl.tool", "agentrl.tool_threads", "agentrl.sandbox", "agentrl.sandbox_seccomp", "agentrl.replay", "agentrl.dispatch", "agentrl.chat"]),
     ("environments", ["agentrl.trajectory", "agentrl.env", "agentrl.sync", "agentrl.registry", "agentrl.check", "agentrl.tools", "agentrl.environments"]),
     ("generators", ["agentrl.generators"]),
     ("rollout", ["agentrl.rollout", "agentrl.guidance", "agentrl.rewards", "agentrl.evaluation", "agentrl.observe"]),

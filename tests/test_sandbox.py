@@ -191,6 +191,52 @@ def test_require_isolation_refuses_without_isolation(monkeypatch: pytest.MonkeyP
         SandboxConfig(isolation="docker")  # type: ignore[arg-type]
 
 
+def _fresh_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentrl.sandbox as sb
+
+    monkeypatch.setattr(sb, "_PROBED", {})
+    monkeypatch.setattr(sb, "_NESTED_USERNS", {})
+    monkeypatch.setattr(sb, "_WARNED", set())
+
+
+def _no_seccomp() -> bytes:
+    from agentrl.sandbox_seccomp import SeccompUnavailable
+
+    raise SeccompUnavailable("the seccomp filter needs libseccomp (Debian/Ubuntu: apt-get install libseccomp2)")
+
+
+@pytest.mark.skipif("bwrap" not in BACKENDS, reason="bubblewrap does not work here")
+def test_start_up_check_without_seccomp_or_disable_userns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's finding, reproduced: with neither layer, the probe itself makes a nested user
+    namespace inside bwrap, and the start-up check says so (or refuses under require_isolation)."""
+    import agentrl.sandbox as sb
+
+    _fresh_probes(monkeypatch)
+    monkeypatch.setattr(sb, "seccomp_filter", _no_seccomp)
+    with pytest.warns(RuntimeWarning, match="no seccomp filter.*apt-get install libseccomp2"):
+        Sandbox(isolation="bwrap").check()  # --disable-userns alone still closes user namespaces
+    assert not sb._NESTED_USERNS[("bwrap", Sandbox(isolation="bwrap").python, True)]
+    real = sb.bwrap_supports
+    monkeypatch.setattr(sb, "bwrap_supports", lambda flag: flag != "--disable-userns" and real(flag))
+    _fresh_probes(monkeypatch)
+    with pytest.raises(SandboxUnavailable, match="no --disable-userns.*created a nested user namespace"):
+        Sandbox(isolation="bwrap", require_isolation=True).check()
+    text, _, _ = call(PythonTool(isolation="bwrap", timeout_s=TIMEOUT), "import ctypes\nprint('unshare', ctypes.CDLL(None).unshare(0x10000000 | 0x20000))")
+    assert "unshare 0" in text  # what bwrap did before the fix: the check above is not a false alarm
+
+
+def test_seccomp_off_is_said_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """seccomp=False where user namespaces stay open (unshare, none) is warned about, naming the problem."""
+    _fresh_probes(monkeypatch)
+    backend = next((b for b in BACKENDS if b != "bwrap"), None)
+    if backend is None:
+        pytest.skip("only bwrap works here")
+    if backend == "none" and os.geteuid() != 0:
+        pytest.skip("unprivileged none: whether the kernel lets nobody make user namespaces varies")
+    with pytest.warns(RuntimeWarning, match="nested user namespace"):
+        Sandbox(isolation=backend, seccomp=False).check()
+
+
 def test_no_secrets_in_the_environment(tool: PythonTool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTRL_TEST_SECRET", "hunter2")
     text, _, _ = call(tool, "import os\nprint(sorted(os.environ))\nprint(os.environ.get('AGENTRL_TEST_SECRET'))")
