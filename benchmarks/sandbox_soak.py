@@ -36,7 +36,7 @@ MARK = "agentrl-soak-" + uuid.uuid4().hex[:12]
 HOSTILE = {
     "disk fill": "for i in range(160):\n    open(f'f{i}', 'wb').write(b'x' * 15 * 2**20)",
     "disk fill, errors ignored": "for i in range(160):\n    try:\n        open(f'f{i}', 'wb').write(b'x' * 15 * 2**20)\n    except OSError:\n        pass\nprint('done')",
-    "/tmp fill": "import os\nfor i in range(40):\n    try:\n        open(f'/tmp/t{i}', 'wb').write(b'x' * 8 * 2**20)\n    except OSError:\n        pass",
+    "/tmp fill": f"import os\nfor i in range(40):\n    try:\n        open(f'/tmp/{MARK}-{{i}}', 'wb').write(b'x' * 8 * 2**20)\n    except OSError:\n        pass",
     "many small files": "i = 0\nwhile True:\n    try:\n        open(f'f{i}', 'w').close()\n    except OSError:\n        pass\n    i += 1",
     "fork bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
     "thread bomb": "import threading, time\nwhile True:\n    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()",
@@ -103,8 +103,14 @@ def shmem_kb() -> int:
     return 0
 
 
+def host_marked_files() -> list[Path]:
+    """Files the hostile programs left in the host's shared folders (only ``none`` lets them)."""
+    return [p for d in ("/tmp", "/dev/shm") for p in Path(d).glob(f"{MARK}*")]
+
+
 def snapshot(tmp: Path) -> dict[str, int]:
     return {
+        "marked files in the host's /tmp and /dev/shm": len(host_marked_files()),
         "processes": len(descendants(os.getpid())),
         "marked processes": len(marked_processes()),
         "files in the sandbox temp folder": sum(1 for _ in tmp.rglob("*")),
@@ -224,6 +230,8 @@ def main() -> None:
     leftovers = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))[:10]
     for pid in marked_processes():  # do not leave them to the machine, whatever the count says
         os.kill(pid, 9)
+    for p in host_marked_files():
+        p.unlink(missing_ok=True)
 
     lat = out["lat"]
     everything = lat["benign"] + lat["hostile"]
