@@ -15,8 +15,9 @@ Isolation backends, best first (``isolation="auto"`` picks the first that works 
   As root, bubblewrap itself runs as ``nobody``.
 - ``unshare`` (util-linux): new user, pid, network and mount namespaces; the working directory is a
   ``disk_mb`` tmpfs mounted over it, with ``/tmp`` and ``/dev/shm`` bound into it. No network and no
-  view of other processes, but other files are protected only by permissions (the code runs as
-  ``nobody`` when we are root), so world-readable files stay readable.
+  view of other processes, but other files are protected only by permissions (the code is root of
+  its own user namespace, which is the caller outside, or ``nobody`` when we are root: unshare itself
+  then runs as ``nobody``), so world-readable files stay readable.
 - ``none``: rlimits, a separate session and process group, and ``nobody`` when we are root; the disk
   limit is a watcher polling the working directory (it cannot see writes elsewhere). Said loudly
   once; refused under ``require_isolation=True``.
@@ -219,7 +220,7 @@ class SandboxResult:
             "memory": f"Error: the code ran out of its {memory_mb} MB memory limit.",
             "processes": "Error: the code tried to start more processes than the sandbox allows.",
             "disk": f"Error: the code went past the sandbox's disk limit ({disk_mb} MB or {max_files} files, "
-            "working directory and /tmp together).",
+            + ("in the working directory)." if self.isolation == "none" else "working directory and /tmp together)."),
             "file_size": f"Error: the code tried to write a file larger than the {max_file_mb} MB file limit.",
             "output": None,
         }.get(self.limit or "")
