@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything README's test command needs, on a fresh Debian machine: the system packages the tests
 # use (python3-venv, npm for the offline test tokenizers, chromium for the viewer's browser test,
-# bubblewrap for the sandbox),
+# bubblewrap for the sandbox, libseccomp2 for the sandbox's seccomp filter),
 # installed with apt only when missing; then the virtual environment (.venv, or $VENV) with the
 # pinned CPU torch, agentrl with its test extras, and the offline test tokenizers.
 set -euo pipefail
@@ -11,6 +11,8 @@ missing=()
 command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing+=(chromium)
 command -v npm >/dev/null || missing+=(npm)
 command -v bwrap >/dev/null || missing+=(bubblewrap)  # agentrl.env.sandbox isolation (tests/test_sandbox.py)
+# libseccomp compiles the sandbox's seccomp filter (agentrl/env/sandbox_seccomp.py, through pyseccomp)
+/sbin/ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || missing+=(libseccomp2)
 python3 -c "import ensurepip" 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup_test_machine: installing ${missing[*]} with apt"

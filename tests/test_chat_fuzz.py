@@ -3,14 +3,16 @@
 Issue 17: one deeply nested tool call made ``Trajectory.to_dict`` raise RecursionError and lost
 results.jsonl; deep JSON escaped ``parse``; a million unclosed openers made parsing quadratic. Each
 format gets 10,000 generated hostile outputs through its parser and the trajectory writer here
-(seconds); a slow-marked soak runs 100,000. Parse speed itself is a benchmark
-(benchmarks/parse_worst_case.py), not a timed test.
+(seconds); a slow-marked soak runs 100,000. Every worst case of benchmarks/parse_worst_case.py runs
+at 1 MB for every parser, held to linear growth from 100 KB (issue 43); the parse times themselves
+are a benchmark (benchmarks/parse_worst_case.py, RESULTS.md), not a timed test.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pytest
 from chat_fixtures import build_tiny_tokenizer
 
 from agentrl.chat import ChatFormat, ParsedResponse, available_parsers, get_chat_format, get_parser
-from agentrl.chat.fuzz import hostile_outputs
+from agentrl.chat.fuzz import hostile_outputs, worst_cases
 from agentrl.chat.parsers.base import MAX_CALLS
 from agentrl.chat.parsers.calls import MAX_DEPTH
 from agentrl.core.trajectory import Sample, Trajectory, Turn, read_jsonl, write_jsonl
@@ -70,6 +72,71 @@ def test_ten_thousand_hostile_outputs_per_format(name: str, tmp_path: Path) -> N
 @pytest.mark.parametrize("name", available_parsers())
 def test_soak_hundred_thousand_hostile_outputs(name: str, tmp_path: Path) -> None:
     fuzz_format(name, 100_000, tmp_path, seed=1, max_pieces=60)
+
+
+def _cpu_seconds(parser: Any, text: str, runs: int = 1) -> tuple[float, ParsedResponse]:
+    """The lowest CPU time of ``runs`` parses (process time: another job's load does not count)."""
+    best, result = float("inf"), None
+    for _ in range(runs):
+        t0 = time.process_time()
+        result = parser.parse_with_tools(text, TOOLS)
+        best = min(best, time.process_time() - t0)
+    return best, result  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("name", available_parsers())
+def test_megabyte_worst_cases_stay_linear(name: str) -> None:
+    """Every worst case of benchmarks/parse_worst_case.py at 1 MB, for every parser (issue 43, item 5).
+
+    Not a speed number (benchmarks/RESULTS.md has those): each case at 1 MB must cost at most 30x
+    its CPU time at 100 KB, plus 0.1 s. Linear parsing is ~10x; a parser that turns quadratic is
+    ~100x and fails here on any machine. Every result is also checked and JSON-serialised."""
+    slow = superlinear_cases(get_parser(name), name)
+    assert not slow, f"{name}: superlinear at 1 MB (CPU s at 100 KB, 1 MB): {slow}"
+
+
+def superlinear_cases(
+    parser: Any, name: str, only: set[str] | None = None, sizes: tuple[int, int] = (100_000, 1_000_000), slack: float = 0.1
+) -> dict[str, tuple[float, float]]:
+    """The worst cases (``only`` those, if given) whose CPU time grew more than 30x (+``slack`` s) between ``sizes``.
+
+    A case that parses within ``slack`` at the large size passes without the small one (it cannot
+    exceed the bound), so the whole check costs about one parse per case."""
+    big = worst_cases(name, sizes[1])
+    small: dict[str, str] = {}
+    slow = {}
+    for case, text in big.items():
+        if only is not None and case not in only:
+            continue
+        t_big, result = _cpu_seconds(parser, text)
+        check(result)
+        json.dumps(result.to_message())
+        if t_big <= slack:
+            continue
+        small = small or worst_cases(name, sizes[0])
+        t_small, _ = _cpu_seconds(parser, small[case], runs=2)
+        t_big = min(t_big, _cpu_seconds(parser, text)[0])
+        if t_big > 30 * t_small + slack:
+            slow[case] = (round(t_small, 4), round(t_big, 4))
+    return slow
+
+
+class _QuadraticParser:
+    """A parser that copies its prefix every 50 characters: what the check above must catch."""
+
+    def __init__(self) -> None:
+        self.inner = get_parser("hermes")
+
+    def parse_with_tools(self, text: str, tools: Any) -> ParsedResponse:
+        sum(text[:i].count("<") for i in range(0, len(text), 50))
+        return self.inner.parse_with_tools(text, tools)
+
+
+def test_the_linearity_check_catches_a_quadratic_parser() -> None:
+    """The same check, at 20 KB against 200 KB (to stay quick), on a quadratic parser: it must fail."""
+    cases = {"deep [", "one long string"}
+    assert set(superlinear_cases(_QuadraticParser(), "hermes", only=cases, sizes=(20_000, 200_000), slack=0.0)) == cases
+    assert not superlinear_cases(get_parser("hermes"), "hermes", only=cases, sizes=(20_000, 200_000), slack=0.005)
 
 
 def test_fuzz_outputs_really_are_hostile() -> None:

@@ -1,31 +1,29 @@
 """The sandbox holds against escapes and abuse, answers with a clear message, and the run goes on.
 
-Every attack runs through the real ``python`` tool and ``dispatch`` (as an episode would). Each is
-tried under every isolation backend that works on this machine; rows that a backend does not claim
-to contain (network and file reads without namespaces) are asserted as *not* contained there, so
-the table in docs/environments.md stays true. ``python tests/test_sandbox.py`` prints that table.
+Every attack (tests/sandbox_attacks.py, issue 43) runs through the real ``python`` tool and
+``dispatch`` (as an episode would) under every isolation backend that works on this machine, and is
+held to exactly what ``EXPECTED`` says for that backend: an attack a backend does not claim to
+contain is asserted as *not* contained there, so the table in docs/environments.md stays true.
+``python tests/test_sandbox.py`` prints that table.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
-import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import anyio
 import pytest
+from sandbox_attacks import EXPECTED, TIMEOUT, call, expected, make_tool, processes_with, still_works
 
 from agentrl.env.dispatch import dispatch
 from agentrl.env.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, _probe, _pythons
 from agentrl.tools.python import PythonTool
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 3.0
 
 
 def available(backend: str) -> bool:
@@ -34,189 +32,37 @@ def available(backend: str) -> bool:
 
 
 BACKENDS = [b for b in ("bwrap", "unshare", "none") if available(b)]
-ISOLATED = {"bwrap", "unshare"}  # network and processes are namespaced
-FILES_HIDDEN = {"bwrap"}  # only bubblewrap hides the host's files
 
 
-def call(tool: PythonTool, code: str) -> tuple[str, str, float]:
-    """(tool message, record kind, seconds) of one call through dispatch."""
-
-    async def go() -> tuple[str, str, float]:
-        start = time.perf_counter()
-        [res] = await dispatch([{"function": {"name": "python", "arguments": {"code": code}}}], {"python": tool})
-        return res.message["content"], res.record.kind, time.perf_counter() - start
-
-    return anyio.run(go)
-
-
-def still_works(tool: PythonTool) -> None:
-    text, kind, _ = call(tool, "print(sum(range(10)))")
-    assert (text.strip(), kind) == ("45", "ok")
+def scratch_dir() -> tempfile.TemporaryDirectory[str]:
+    """A host folder anyone may read and write, outside /tmp (which bwrap and unshare replace)."""
+    base = "/var/tmp" if os.access("/var/tmp", os.W_OK) else str(ROOT)
+    return tempfile.TemporaryDirectory(prefix="agentrl-attack-", dir=base)
 
 
 @pytest.fixture(params=BACKENDS)
 def tool(request: pytest.FixtureRequest) -> PythonTool:
-    return PythonTool(isolation=request.param, timeout_s=TIMEOUT, memory_mb=256, max_processes=32, max_output_bytes=4000)
+    return make_tool(request.param)
 
 
-# -- the attacks: each returns (contained, message) ---------------------------------------------
+def test_installed_bubblewrap_works() -> None:
+    """.ci/run installs bubblewrap (scripts/setup_test_machine.sh): where it is installed the escape
+    suite must run under it, not silently fall back to the weaker backends."""
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed here")
+    assert "bwrap" in BACKENDS, "bwrap is installed but its probe failed: are unprivileged user namespaces allowed (sysctl user.max_user_namespaces)?"
 
 
-def attack_network(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.settimeout(0.5)
-    port = server.getsockname()[1]
-    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\ns.sendall(b'escaped')\nprint('connected')"
-    text, _, _ = call(tool, code)
-    try:
-        conn, _ = server.accept()
-        conn.close()
-        reached = True
-    except TimeoutError:
-        reached = False
-    finally:
-        server.close()
-    return not reached and "connected" not in text, text
-
-
-def attack_write_outside(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    target_dir = tmp / "open"
-    target_dir.mkdir()
-    target_dir.chmod(0o777)  # writable by anyone: only isolation can stop the write
-    target = target_dir / "pwned.txt"
-    project = ROOT / f"pwned-{uuid.uuid4().hex}.txt"
-    code = f"for p in [{str(target)!r}, {str(project)!r}, '/usr/pwned.txt']:\n    try:\n        open(p, 'w').write('x'); print('wrote', p)\n    except OSError as e:\n        print('refused', type(e).__name__)"
-    text, _, _ = call(tool, code)
-    escaped = target.exists() or project.exists() or Path("/usr/pwned.txt").exists()
-    for p in (target, project, Path("/usr/pwned.txt")):
-        p.unlink(missing_ok=True)
-    return not escaped, text
-
-
-def attack_read_project(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    secret = tmp / "secret.txt"
-    secret.write_text("TOP-SECRET-" + uuid.uuid4().hex)
-    secret.chmod(0o644)
-    tmp.chmod(0o755)
-    code = f"for p in [{str(secret)!r}, {str(ROOT / 'pyproject.toml')!r}, '/etc/hostname']:\n    try:\n        print(open(p).read()[:200])\n    except OSError as e:\n        print('refused', type(e).__name__)"
-    text, _, _ = call(tool, code)
-    leaked = "TOP-SECRET" in text or 'name = "agentrl"' in text
-    return not leaked, text
-
-
-def attack_fork_bomb(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    text, _, took = call(tool, "import os\nwhile True:\n    os.fork()")
-    still_works(tool)
-    return took < TIMEOUT + 5 and "Error:" in text, text
-
-
-def attack_memory_bomb(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    text, _, took = call(tool, "chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))")
-    return "memory limit" in text and took < TIMEOUT + 5, text
-
-
-def attack_infinite_loop(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    text, _, took = call(tool, "while True:\n    pass")
-    return "time limit" in text and took < TIMEOUT + 5, text
-
-
-def attack_huge_stdout(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    text, _, took = call(tool, "while True:\n    print('x' * 100000)")
-    return len(text) < 5000 and "truncated" in text and took < TIMEOUT + 5, text[-200:]
-
-
-def attack_outlive_parent(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    mark = "agentrl-escape-" + uuid.uuid4().hex
-    code = (
-        "import subprocess, sys\n"
-        f"subprocess.Popen([sys.executable, '-c', 'import time\\ntime.sleep(60)  # {mark}'], start_new_session=True,"
-        " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\nprint('spawned')"
-    )
-    text, _, _ = call(tool, code)
-    time.sleep(0.5)
-    survivors = _processes_with(mark)
-    for pid in survivors:
-        os.kill(pid, signal.SIGKILL)
-    return not survivors and "spawned" in text, text
-
-
-def attack_ctypes(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    code = (
-        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-        "print('setuid', libc.setuid(0), 'unshare', libc.unshare(0x10000000), 'uid', os.getuid(), flush=True)\n"
-        "ctypes.string_at(0)"
-    )
-    text, _, _ = call(tool, code)
-    still_works(tool)
-    return "setuid -1" in text and "SIGSEGV" in text, text
-
-
-def attack_signal_parent(tool: PythonTool, tmp: Path) -> tuple[bool, str]:
-    decoy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        code = (
-            "import os, signal\n"
-            f"for pid in ({os.getpid()}, {decoy.pid}, os.getppid(), -1):\n"
-            "    try:\n        os.kill(pid, signal.SIGKILL); print('killed', pid)\n"
-            "    except OSError as e:\n        print('refused', pid, type(e).__name__)"
-        )
-        text, _, _ = call(tool, code)
-        time.sleep(0.2)
-        alive = decoy.poll() is None
-    finally:
-        decoy.kill()
-        decoy.wait()
-    return alive, text
-
-
-ATTACKS = {
-    "network to a loopback port": attack_network,
-    "write outside the working dir": attack_write_outside,
-    "read the project's files": attack_read_project,
-    "fork bomb": attack_fork_bomb,
-    "memory bomb": attack_memory_bomb,
-    "infinite loop": attack_infinite_loop,
-    "huge stdout": attack_huge_stdout,
-    "subprocess outliving its parent": attack_outlive_parent,
-    "ctypes calls": attack_ctypes,
-    "signals to the parent": attack_signal_parent,
-}
-
-
-def expected_contained(backend: str, attack: str) -> bool:
-    """What each backend claims (docs/environments.md); the tests hold it to exactly that."""
-    if attack in ("network to a loopback port", "subprocess outliving its parent"):
-        return backend in ISOLATED
-    if attack in ("read the project's files", "write outside the working dir"):
-        return backend in FILES_HIDDEN
-    if attack == "signals to the parent":
-        return backend in ISOLATED or os.geteuid() == 0  # as root the code runs as nobody
-    return True
-
-
-def _processes_with(mark: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if mark.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
-@pytest.mark.parametrize("attack", list(ATTACKS))
+@pytest.mark.parametrize("attack", list(EXPECTED))
 def test_attack_is_contained_and_the_run_goes_on(tool: PythonTool, attack: str) -> None:
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:  # reachable by anyone, so only isolation can protect it
-        Path(d).chmod(0o755)
-        contained, text = ATTACKS[attack](tool, Path(d))
+    with scratch_dir() as d:
+        Path(d).chmod(0o777)  # reachable by anyone, so only isolation can protect it
+        contained, text = EXPECTED[attack][0](tool, Path(d))
+    backend = tool.sandbox.backend
     assert text.strip(), "the model must get a message"
-    assert contained == expected_contained(tool.sandbox.backend, attack), f"{attack} under {tool.sandbox.backend}: {text[:500]}"
+    assert contained == expected(backend, attack), f"{attack} under {backend}: {text[:800]}"
     still_works(tool)
 
 
@@ -254,8 +100,8 @@ def test_timeouts_leave_nothing_behind_and_runs_overlap(tool: PythonTool) -> Non
     took = time.perf_counter() - start
     assert len(out) == 4 and all("time limit" in t for t in out)
     assert took < 2 * TIMEOUT + 3
-    assert threading.active_count() == threads
-    assert not _processes_with("time.sleep(30)")
+    assert threading.active_count() <= threads  # an earlier test's thread may end meanwhile; none may be added
+    assert not processes_with("time.sleep(30)")
 
 
 async def _append(results: list[str], fn) -> None:  # type: ignore[no-untyped-def]
@@ -309,7 +155,7 @@ def test_cancelling_a_run_kills_it() -> None:
     anyio.run(go)
     assert time.perf_counter() - start < 5
     time.sleep(0.3)
-    assert not _processes_with(mark)
+    assert not processes_with(mark)
 
 
 def test_fallback_warns_once_and_limits_still_hold(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -347,6 +193,52 @@ def test_require_isolation_refuses_without_isolation(monkeypatch: pytest.MonkeyP
         SandboxConfig(isolation="docker")  # type: ignore[arg-type]
 
 
+def _fresh_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentrl.env.sandbox as sb
+
+    monkeypatch.setattr(sb, "_PROBED", {})
+    monkeypatch.setattr(sb, "_NESTED_USERNS", {})
+    monkeypatch.setattr(sb, "_WARNED", set())
+
+
+def _no_seccomp() -> bytes:
+    from agentrl.env.sandbox_seccomp import SeccompUnavailable
+
+    raise SeccompUnavailable("the seccomp filter needs libseccomp (Debian/Ubuntu: apt-get install libseccomp2)")
+
+
+@pytest.mark.skipif("bwrap" not in BACKENDS, reason="bubblewrap does not work here")
+def test_start_up_check_without_seccomp_or_disable_userns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's finding, reproduced: with neither layer, the probe itself makes a nested user
+    namespace inside bwrap, and the start-up check says so (or refuses under require_isolation)."""
+    import agentrl.env.sandbox as sb
+
+    _fresh_probes(monkeypatch)
+    monkeypatch.setattr(sb, "seccomp_filter", _no_seccomp)
+    with pytest.warns(RuntimeWarning, match="no seccomp filter.*apt-get install libseccomp2"):
+        Sandbox(isolation="bwrap").check()  # --disable-userns alone still closes user namespaces
+    assert not sb._NESTED_USERNS[("bwrap", Sandbox(isolation="bwrap").python, True)]
+    real = sb.bwrap_supports
+    monkeypatch.setattr(sb, "bwrap_supports", lambda flag: flag != "--disable-userns" and real(flag))
+    _fresh_probes(monkeypatch)
+    with pytest.raises(SandboxUnavailable, match="no --disable-userns.*created a nested user namespace"):
+        Sandbox(isolation="bwrap", require_isolation=True).check()
+    text, _, _ = call(PythonTool(isolation="bwrap", timeout_s=TIMEOUT), "import ctypes\nprint('unshare', ctypes.CDLL(None).unshare(0x10000000 | 0x20000))")
+    assert "unshare 0" in text  # what bwrap did before the fix: the check above is not a false alarm
+
+
+def test_seccomp_off_is_said_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """seccomp=False where user namespaces stay open (unshare, none) is warned about, naming the problem."""
+    _fresh_probes(monkeypatch)
+    backend = next((b for b in BACKENDS if b != "bwrap"), None)
+    if backend is None:
+        pytest.skip("only bwrap works here")
+    if backend == "none" and os.geteuid() != 0:
+        pytest.skip("unprivileged none: whether the kernel lets nobody make user namespaces varies")
+    with pytest.warns(RuntimeWarning, match="nested user namespace"):
+        Sandbox(isolation=backend, seccomp=False).check()
+
+
 def test_no_secrets_in_the_environment(tool: PythonTool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTRL_TEST_SECRET", "hunter2")
     text, _, _ = call(tool, "import os\nprint(sorted(os.environ))\nprint(os.environ.get('AGENTRL_TEST_SECRET'))")
@@ -354,17 +246,16 @@ def test_no_secrets_in_the_environment(tool: PythonTool, monkeypatch: pytest.Mon
 
 
 if __name__ == "__main__":  # the escape table for docs and reports
-    import tempfile
-
     print("| attack | " + " | ".join(BACKENDS) + " |")
     print("|---|" + "---|" * len(BACKENDS))
-    tools = {b: PythonTool(isolation=b, timeout_s=TIMEOUT, memory_mb=256, max_output_bytes=4000) for b in BACKENDS}
-    for name, fn in ATTACKS.items():
+    tools = {b: make_tool(b) for b in BACKENDS}
+    for name, (fn, *_) in EXPECTED.items():
         cells = []
         for b in BACKENDS:
-            with tempfile.TemporaryDirectory() as d:
-                Path(d).chmod(0o755)
+            with scratch_dir() as d:
+                Path(d).chmod(0o777)
                 contained, text = fn(tools[b], Path(d))
-            last = [line for line in text.strip().splitlines() if line.strip()][-1][:60]
-            cells.append(("contained" if contained else "NOT contained") + f" ({last})")
-        print(f"| {name} | " + " | ".join(cells) + " |")
+            last = [line for line in text.strip().splitlines() if line.strip()][-1][:70]
+            mark = "" if contained == expected(b, name) else " **(differs from EXPECTED)**"
+            cells.append(("contained" if contained else "NOT contained") + f" ({last}){mark}")
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)

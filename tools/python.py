@@ -2,7 +2,7 @@
 
 Each call is a fresh interpreter (standard library only) in a fresh private working directory, so
 calls do not share state: the model prints what it wants to see. Program errors come back as the
-traceback; a limit (time, memory, processes, output) comes back as one plain sentence naming it.
+traceback; a limit (time, memory, processes, disk, output) comes back as one plain sentence naming it.
 """
 
 from __future__ import annotations
@@ -40,4 +40,5 @@ class PythonTool(Tool):
             code: A complete Python program. Use print() to show results.
         """
         result = await self.sandbox.run_python(code)
-        return result.message(self.sandbox.config.timeout_s, self.sandbox.config.memory_mb)
+        c = self.sandbox.config
+        return result.message(c.timeout_s, c.memory_mb, disk_mb=c.disk_mb, max_files=c.max_files, max_file_mb=c.max_file_mb)
