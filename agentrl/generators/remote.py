@@ -85,11 +85,15 @@ class RemoteGenerators:
         stats.seconds = time.perf_counter() - start
         self.last = stats
 
-    def stop(self) -> None:
-        """Tell the generator ranks the run is over (trainer 0; errors are the caller's to ignore)."""
+    def stop(self, error: str | None = None, timeout_s: float = 5.0) -> None:
+        """Tell the generator ranks the run is over (trainer 0; errors are the caller's to ignore).
+        A live generator rank's receiving thread answers at once: a short wait, so a hung one does
+        not hold up the trainers' own error by another timeout."""
         if self.sends:
-            self.links.doing("telling the generator ranks to stop")
-            self.links.broadcast_object({"version": -1, "kind": "stop", "layout": [], "wire": ""}, "telling the generator ranks to stop")
+            what = "telling the generator ranks to stop"
+            self.links.doing(what)
+            header = {"version": -1, "kind": "stop", "layout": [], "wire": "", "error": error}
+            self.links.broadcast_object(header, what, min(timeout_s, self.links.timeout_s))
 
     def _wire(self, tensors: list[tuple[str, torch.Tensor]]) -> torch.dtype:
         if self.wire_dtype is not None:
@@ -111,9 +115,12 @@ def _buckets(tensors: list[tuple[str, torch.Tensor]], wire: torch.dtype, bucket_
 
 
 def receive_weights(links: Links) -> ReceivedWeights | None:
-    """The next version trainer 0 broadcasts (None: the run is over). Waits at most the timeout."""
+    """The next version trainer 0 broadcasts (None: the run is over). Waits at most the timeout;
+    raises when the trainers stopped because of an error (the generator rank then fails too)."""
     header = links.broadcast_object(None, "waiting for the next weights from trainer 0")
     if header["kind"] == "stop":
+        if header.get("error"):
+            raise DisaggregatedError(f"{links.roles.name()} of {links.roles.world}: the trainer ranks stopped with an error: {header['error']}")
         return None
     wire = getattr(torch, header["wire"].removeprefix("torch."))
     layout = header["layout"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -83,6 +84,7 @@ class RemoteRollouts:
             what = f"waiting for the batch of step {step + 1} from {self.roles.name(rank)}"
             self.links.doing(what)
             parts.append((rank, self.links.recv_object(rank, what)))
+        self.links.doing(f"training on the batch of step {step + 1}")  # until the next note: the learner, the sync, the logs
         groups: list[TrajectoryGroup] = []
         versions = []
         for rank, part in parts:
@@ -118,9 +120,12 @@ class RemoteRollouts:
         return out
 
     def close(self) -> None:
-        """Tell the generator ranks to stop (best effort: one may be gone already)."""
+        """Tell the generator ranks to stop (best effort: one may be gone already). Called from the
+        trainer's ``finally``: an error on its way out is passed on, so the generators fail with it."""
+        failing = sys.exc_info()[1]
+        error = None if failing is None or isinstance(failing, KeyboardInterrupt) else f"{type(failing).__name__}: {failing}"
         try:
-            self.generators.stop()
+            self.generators.stop(error)
         except Exception:  # noqa: BLE001 - the run's own error (if any) is the one to report
             pass
 
@@ -189,6 +194,8 @@ def serve(cfg: TrainConfig) -> int:
     roles = links.roles
     if not roles.is_generator:
         raise LayoutError(f"{roles.name()} trains: serve() runs on generator ranks only")
+    # a Ctrl-C reaches every process of the terminal: the trainers finish the step, save, and stop this rank
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     links.doing("loading the environment and the model")
@@ -245,7 +252,12 @@ def serve(cfg: TrainConfig) -> int:
             message = {"target": target, "seed": seed, "version": version, "groups": groups, "seconds": time.perf_counter() - t0, "error": error}
             what = f"sending the batch of step {target + 1} to the trainer ranks"
             links.doing(what)
-            links.send_objects(message, trainers, what)
+            try:
+                links.send_objects(message, trainers, what)
+            except DisaggregatedError:
+                if inbox.stopped:  # the trainers stopped (a Ctrl-C) before taking a batch sampled ahead: nothing lost
+                    break
+                raise
             if error is not None:
                 raise DisaggregatedError(f"{roles.name()}: the rollout of the batch of step {target + 1} failed: {error}")
             target += cfg.steps_per_generation

@@ -113,7 +113,11 @@ def connect(roles: Roles, timeout_s: float) -> Links:
     device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if not roles.is_generator:
+    if not roles.is_generator and roles.trainers == 1:
+        # one trainer: accelerate's single process (a launched world of one would wrap the policy in DDP)
+        os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_WORLD_SIZE"] = "0", "1", "1"
+        os.environ.pop("LOCAL_RANK", None)
+    elif not roles.is_generator:
         # the trainers' world, as accelerate expects it: it finds the group initialised and uses it
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(roles.rank), str(roles.trainers)
         os.environ["LOCAL_WORLD_SIZE"] = str(min(int(os.environ.get("LOCAL_WORLD_SIZE", roles.trainers)), roles.trainers))
@@ -216,23 +220,24 @@ class Links:
 
     # -- weights: trainer 0 broadcasts to every generator -----------------------------------------
 
-    def broadcast(self, tensor: torch.Tensor, what: str) -> None:
+    def broadcast(self, tensor: torch.Tensor, what: str, timeout_s: float | None = None) -> None:
         """Broadcast ``tensor`` from trainer 0 (in place on the generators)."""
         assert self.weights is not None, "broadcast on a rank outside the weights group"
+        timeout = self.timeout if timeout_s is None else dt.timedelta(seconds=timeout_s)
         try:
-            self.weights.broadcast(tensor, 0, self.timeout).wait(self.timeout)
+            self.weights.broadcast(tensor, 0, timeout).wait(timeout)
         except Exception as exc:
             raise self.failure(what, None if self.roles.rank == 0 else 0, exc) from exc
 
-    def broadcast_object(self, obj: Any, what: str) -> Any:
+    def broadcast_object(self, obj: Any, what: str, timeout_s: float | None = None) -> Any:
         """``obj`` from trainer 0 on every member of the weights group (pass None on the generators)."""
         size = torch.zeros(1, dtype=torch.int64, device=self.device)
         data = None
         if self.roles.rank == 0:
             data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8).to(self.device)
             size.fill_(data.numel())
-        self.broadcast(size, what)
+        self.broadcast(size, what, timeout_s)
         if data is None:
             data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
-        self.broadcast(data, what)
+        self.broadcast(data, what, timeout_s)
         return obj if self.roles.rank == 0 else pickle.loads(data.cpu().numpy().tobytes())
