@@ -37,12 +37,14 @@ def versions(run_dir: Path) -> list[tuple[int, int]]:
     return [(rec["step"], rec["policy_version"]) for rec in samples(run_dir)]
 
 
-def test_one_generator_two_trainers_equal_one_process(tmp_path):
-    """1 generator rank + 2 data-parallel trainer ranks at max_staleness=0: the weights, the sampled
-    episodes and the metrics of one process with the same global batch."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_one_generator_two_trainers_equal_one_process(tmp_path, strategy):
+    """1 generator rank + 2 trainer ranks (data parallel, or FSDP2-sharded: each full tensor is
+    gathered before the broadcast) at max_staleness=0: the weights, the sampled episodes and the
+    metrics of one process with the same global batch."""
     one = reference(tmp_path / "one")
     many = tmp_path / "many"
-    run([*torchrun(3), *train_args(many, "distributed.generator_ranks=1")])
+    run([*torchrun(3), *train_args(many, "distributed.generator_ranks=1", f"distributed.strategy={strategy}")])
     assert_same_run(one, many)
     logged = metrics(many)
     assert [m["async/staleness"] for m in logged] == [0.0, 0.0]

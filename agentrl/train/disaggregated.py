@@ -65,9 +65,9 @@ class RemoteRollouts:
     run or a fresh LoRA adapter differs from it).
     """
 
-    def __init__(self, links: Links, cfg: TrainConfig, module: Any, state: Any, gather: Any, wire_dtype: torch.dtype | None) -> None:
-        self.links, self.cfg, self.roles = links, cfg, links.roles
-        self.generators = RemoteGenerators(links, wire_dtype=wire_dtype, gather=gather)
+    def __init__(self, links: Links, cfg: TrainConfig, module: Any, state: Any, strategy: Any, wire_dtype: torch.dtype | None) -> None:
+        self.links, self.cfg, self.roles, self.strategy = links, cfg, links.roles, strategy
+        self.generators = RemoteGenerators(links, wire_dtype=wire_dtype, gather=strategy.full_tensor)
         self.last: dict[str, float] = {}
         if self.roles.rank == 0:
             start = {"seed": state.seed, "order": list(state.order), "step": state.step, "data_pos": state.data_pos, "epoch": state.epoch}
@@ -106,7 +106,10 @@ class RemoteRollouts:
         return groups, max(part["seconds"] for _, part in parts)
 
     def load_weights(self, update: WeightUpdate) -> None:
-        """The generator protocol's weight channel, across processes: trainer 0 broadcasts."""
+        """The generator protocol's weight channel, across processes: trainer 0 broadcasts (the
+        causal LM's weights, named as the generator ranks' checkpoint names them, also under FSDP2)."""
+        if update.module is not None:
+            update = WeightUpdate.from_module(self.strategy.weights_module(update.module), version=update.version)
         self.generators.load_weights(update)
 
     def step_metrics(self, step: int) -> dict[str, float]:
@@ -156,6 +159,8 @@ class WeightInbox:
             return None if self.stopped else self.newest
 
     def _receive(self) -> None:
+        if self.links.device.type == "cuda":  # the current device is per thread: NCCL must see this rank's GPU
+            torch.cuda.set_device(self.links.device)
         try:
             while True:
                 received = receive_weights(self.links)
@@ -218,7 +223,7 @@ def serve(cfg: TrainConfig) -> int:
     index, count = roles.generator_index(), roles.generators
     per_batch = cfg.prompts_per_step * cfg.steps_per_generation
     trainers = list(range(roles.trainers))
-    applied: ReceivedWeights | None = None
+    version = -1  # the weights' version this rank's model holds (none received yet)
     target = state.step
     try:
         while target < cfg.max_steps:
@@ -229,11 +234,11 @@ def serve(cfg: TrainConfig) -> int:
             received = inbox.wait_for(target - cfg.max_staleness)
             if received is None:
                 break
-            if received is not applied:  # between batches only: one batch, one version
+            if received.version != version:  # between batches only: one batch, one version
                 apply_weights(policy, received)
+                received.tensors = []  # copied: the buffers go
                 generator.load_weights(WeightUpdate.from_module(policy, version=received.version))
-                applied = received
-            version = applied.version
+                version = received.version
             links.doing(f"rolling out the batch of step {target + 1} ({hi - lo} tasks, weights version {version})")
             t0 = time.perf_counter()
             groups: list[TrajectoryGroup] = []

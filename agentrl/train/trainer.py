@@ -251,7 +251,7 @@ class Trainer:
         or the generator ranks of ``distributed.generator_ranks``."""
         cfg = self.cfg
         if self.links is not None:  # on the generator ranks (agentrl/train/disaggregated.py)
-            return RemoteRollouts(self.links, cfg, self._module(), self.state, self.strategy.full_tensor, torch.bfloat16 if bf16 else None)
+            return RemoteRollouts(self.links, cfg, self._module(), self.state, self.strategy, torch.bfloat16 if bf16 else None)
         if self.accelerator.num_processes > 1:
             raise ConfigError("max_staleness > 0 runs in one process for now; launch it without torchrun / accelerate launch")
         return RolloutAhead(
