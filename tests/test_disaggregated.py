@@ -167,3 +167,29 @@ def test_bad_layouts_are_refused(monkeypatch):
     ]:
         with pytest.raises(ConfigError, match=match):
             build(TrainConfig, parse_overrides(["distributed.generator_ranks=1", *keys]))
+
+
+def test_ctrl_c_finishes_the_step_saves_and_stops_the_generator(tmp_path):
+    """SIGINT to every process, as a terminal's Ctrl-C sends it: the generator rank ignores it, the
+    trainers finish the step, save it, and tell the generator to stop; nobody fails."""
+    procs = launch_by_hand(tmp_path, 40)
+    try:
+        deadline = time.monotonic() + 240
+        while not ((tmp_path / "metrics.jsonl").is_file() and (tmp_path / "metrics.jsonl").read_text().strip()):
+            assert time.monotonic() < deadline and procs[0].poll() is None, procs[0].communicate()[1][-3000:]
+            time.sleep(0.2)
+        for p in procs:
+            os.kill(p.pid, signal.SIGINT)
+        outs = [p.communicate(timeout=120) for p in procs]
+        codes = [p.returncode for p in procs]
+        print(f"[ctrl-c] exit codes {codes}; rank 0: {outs[0][0].strip().splitlines()[-1]}")
+        assert codes == [130, 130, 0], [err[-2000:] for _, err in outs]
+        assert all("Traceback" not in err for _, err in outs)
+        step = metrics(tmp_path)[-1]["step"]
+        assert f"interrupted: stopped after step {step}" in outs[0][0]
+        assert (tmp_path / "checkpoints" / f"step-{step:06d}" / "trainer_state.json").is_file()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -118,7 +118,7 @@ class Trainer:
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
-        self.ahead: RolloutAhead | RemoteRollouts | None = None  # max_staleness > 0: background rollouts (agentrl/rollout/ahead.py)
+        self.ahead: RolloutAhead | RemoteRollouts | None = None  # background rollouts (rollout/ahead.py) or the generator ranks (train/disaggregated.py)
         self._last_saved = -1  # the step this process last checkpointed (every rank knows it)
         if cfg.resume:
             with self._checkpoint_objects(saving=False) as (model, optimizer):
