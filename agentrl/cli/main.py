@@ -67,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         code = 2 if user_error else 1
     if "torch" in sys.modules:  # a launched multi-process run leaves its process group here (never returns then)
         from agentrl.compute.parallel.distributed import leave_process_group
+        from agentrl.compute.parallel.layout import leave_job
 
         leave_process_group(code)
+        leave_job(code)  # a disaggregated job's ranks outside a trainer group of two or more
     return code
 
 
@@ -103,12 +105,15 @@ def cmd_train(args: list[str]) -> int:
     from agentrl.learn.batch import EmptyBatchError
     from agentrl.rollout.ahead import RolloutAheadError
     from agentrl.train.config import TrainConfig
+    from agentrl.train.disaggregated import serve_if_generator
     from agentrl.train.preflight import preflight_train
     from agentrl.train.trainer import Trainer
 
     try:
         cfg = build(TrainConfig, parse_overrides(args))
         preflight_train(cfg)
+        if cfg.distributed.generator_ranks and serve_if_generator(cfg):  # this rank generates until the trainers stop
+            return 0
         trainer = Trainer(cfg)
         trainer.train()
     except (EmptyBatchError, DistributedError, RolloutAheadError, ShardingError) as exc:  # every episode failed / a peer rank died / ...: the cause, in one line

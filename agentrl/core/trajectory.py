@@ -93,6 +93,7 @@ class Trajectory:
     error: str | None = None
     duration_s: float = 0.0
     guided: bool = False  # the assistant turns are the environment's demonstration (agentrl/rollout/guidance.py), not samples
+    policy_version: int | None = None  # the sampling weights' version (optimizer steps taken); set where rollouts run apart from training
 
     # Convenience views of the (usually single) sample.
     @property

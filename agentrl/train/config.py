@@ -56,6 +56,9 @@ class DistributedConfig(Strict):
     strategy: Literal["ddp", "fsdp"] = Field(
         "ddp", description="ddp: every rank holds the whole model and optimizer; fsdp: FSDP2 shards weights, gradients and AdamW state over the ranks (full fine-tuning of models that do not fit one card)"
     )
+    generator_ranks: int = Field(
+        0, ge=0, description="disaggregated: this many ranks (the last ones) only generate, with their own generator, and stream trajectory groups to the other ranks, which only train (ddp or fsdp); weights are broadcast to them after every optimizer step (0: every rank generates and trains; docs/distributed.md)"
+    )
 
 
 class TrainConfig(Strict):
@@ -179,12 +182,19 @@ class TrainConfig(Strict):
         if self.max_staleness > 0:
             if self.loss.sampler_is_mode is None:
                 raise ValueError("max_staleness > 0 trains on episodes of older weights: it needs the sampler importance-sampling correction (loss.sampler_is_mode=truncate or mask)")
-            if self.generator.backend != "transformers":
+            if self.generator.backend != "transformers" and not self.distributed.generator_ranks:
                 raise ValueError("max_staleness > 0: only generator.backend=transformers runs the background rollouts so far")
-            if self.distributed.strategy == "fsdp":
-                raise ValueError("max_staleness > 0 runs in one process; distributed.strategy=fsdp needs several")
+            if self.distributed.strategy == "fsdp" and not self.distributed.generator_ranks:
+                raise ValueError("max_staleness > 0 runs in one process; distributed.strategy=fsdp needs several (or distributed.generator_ranks > 0)")
             if self.dynamic_sampling.enabled:
                 raise ValueError("max_staleness > 0 draws its tasks in the background: dynamic_sampling (refill rounds within a step) does not combine with it yet")
+        if self.distributed.generator_ranks:
+            if self.rollout_device is not None:
+                raise ValueError("rollout_device: with distributed.generator_ranks each generator rank decodes on its own device; leave rollout_device unset")
+            if self.dynamic_sampling.enabled:
+                raise ValueError("distributed.generator_ranks: dynamic_sampling (refill rounds decided by the step's own groups) does not combine with generation on other ranks yet")
+            if self.curriculum.key:
+                raise ValueError("distributed.generator_ranks: the curriculum draws from the groups it has seen, which stay on the trainer ranks; it does not combine with generation on other ranks yet")
         if self.sampling.seed is None:
             self.sampling.seed = self.seed
         return self

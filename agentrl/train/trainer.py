@@ -57,6 +57,7 @@ from agentrl.train.build import (
     with_guidance,
 )
 from agentrl.train.config import TrainConfig
+from agentrl.train.disaggregated import RemoteRollouts, trainer_links
 from agentrl.train.draw import GroupDraw, train_seed
 from agentrl.train.interrupt import stop_on_interrupt
 from agentrl.train.state import TrainState, resume_run, save_run
@@ -80,6 +81,7 @@ class Trainer:
         self.env, self.train_data = load_environment(cfg, instance)
         check_trackers(cfg.report_to)
         require_backend(cfg.generator)
+        self.links = trainer_links(cfg)  # generator_ranks: the trainers' own process group, before accelerate starts
         self.accelerator, self.run_dir, bf16 = start_run(cfg)
         self.is_main = self.accelerator.is_main_process  # rank 0 alone writes logs, samples, checkpoints, the curve
         path = resolve_model(cfg.model.path)
@@ -116,7 +118,7 @@ class Trainer:
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
         self.interrupted = False
-        self.ahead: RolloutAhead | None = None  # max_staleness > 0: background rollouts (agentrl/rollout/ahead.py)
+        self.ahead: RolloutAhead | RemoteRollouts | None = None  # background rollouts (rollout/ahead.py) or the generator ranks (train/disaggregated.py)
         self._last_saved = -1  # the step this process last checkpointed (every rank knows it)
         if cfg.resume:
             with self._checkpoint_objects(saving=False) as (model, optimizer):
@@ -127,7 +129,7 @@ class Trainer:
                     print(f"resume: written by {saved_world} process(es), continuing with {self.accelerator.num_processes}", flush=True)
         if cfg.resume or kind == "adapter":
             self._sync_weights()  # a separate generator holds the base checkpoint's weights
-        if cfg.max_staleness:
+        if cfg.max_staleness or self.links is not None:
             self.ahead = self._rollouts_ahead(path, bf16)
         # which tasks each step rolls out and which groups it keeps (curriculum, dynamic sampling, rollouts ahead)
         self.draw = GroupDraw(cfg, self.train_data, self.state, lambda tasks, seed: self._rollout_shared(tasks, seed), self.ahead)
@@ -244,9 +246,12 @@ class Trainer:
             out.update(self.ahead.step_metrics(self.state.step))
         return out
 
-    def _rollouts_ahead(self, path: str, bf16: bool) -> RolloutAhead:
-        """The background generator of ``max_staleness > 0``: a copy of the policy on ``rollout_device``."""
+    def _rollouts_ahead(self, path: str, bf16: bool) -> RolloutAhead | RemoteRollouts:
+        """The background generator of ``max_staleness > 0``: a copy of the policy on ``rollout_device``,
+        or the generator ranks of ``distributed.generator_ranks``."""
         cfg = self.cfg
+        if self.links is not None:  # on the generator ranks (agentrl/train/disaggregated.py)
+            return RemoteRollouts(self.links, cfg, self._module(), self.state, self.strategy, torch.bfloat16 if bf16 else None)
         if self.accelerator.num_processes > 1:
             raise ConfigError("max_staleness > 0 runs in one process for now; launch it without torchrun / accelerate launch")
         return RolloutAhead(

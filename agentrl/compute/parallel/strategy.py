@@ -73,6 +73,10 @@ class Strategy:
     def full_tensor(self, t: torch.Tensor) -> torch.Tensor:
         return t
 
+    def weights_module(self, module: Any) -> Any:
+        """The causal LM inside what :meth:`wrap` returned: its weights are named as in its checkpoint."""
+        return module
+
     @contextlib.contextmanager
     def checkpoint_objects(self, module: Any, policy: Any, optimizer: Any, saving: bool) -> Iterator[tuple[Any, Any]]:
         """The model and optimizer checkpoint.py reads and writes."""
@@ -140,6 +144,9 @@ class Sharded(Strategy):
         from agentrl.compute.parallel.fsdp import full_tensor
 
         return full_tensor(t)
+
+    def weights_module(self, module: Any) -> Any:
+        return module.model  # the ShardedPolicy root holds the causal LM as ``model``
 
     @contextlib.contextmanager
     def checkpoint_objects(self, module: Any, policy: Any, optimizer: Any, saving: bool) -> Iterator[tuple[Any, Any]]:
