@@ -23,8 +23,17 @@ from agentrl.learn.learner import Learner
 from agentrl.learn.losses import LossConfig
 
 V = 200
-SMALL = dict(vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96,
-             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+SMALL = dict(
+    vocab_size=V,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=96,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def families() -> dict[str, transformers.PreTrainedModel]:
@@ -33,18 +42,50 @@ def families() -> dict[str, transformers.PreTrainedModel]:
     return {
         "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM, dict(head_dim=32, tie_word_embeddings=True)),
         "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM, dict(head_dim=32)),
-        "qwen3_moe": (t.Qwen3MoeConfig, t.Qwen3MoeForCausalLM, dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+        "qwen3_moe": (
+            t.Qwen3MoeConfig,
+            t.Qwen3MoeForCausalLM,
+            dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+        ),
         "llama": (t.LlamaConfig, t.LlamaForCausalLM, dict(head_dim=32)),
         "mistral_sliding": (t.MistralConfig, t.MistralForCausalLM, dict(head_dim=32, sliding_window=6)),
-        "gemma3_sliding": (t.Gemma3TextConfig, t.Gemma3ForCausalLM, dict(head_dim=32, sliding_window=5, layer_types=["sliding_attention", "full_attention"])),
+        "gemma3_sliding": (
+            t.Gemma3TextConfig,
+            t.Gemma3ForCausalLM,
+            dict(head_dim=32, sliding_window=5, layer_types=["sliding_attention", "full_attention"]),
+        ),
         "phi3": (t.Phi3Config, t.Phi3ForCausalLM, {}),
         "smollm3": (t.SmolLM3Config, t.SmolLM3ForCausalLM, dict(head_dim=32, no_rope_layers=[1, 0])),
         "glm4": (t.Glm4Config, t.Glm4ForCausalLM, dict(head_dim=32)),
-        "gpt_oss": (t.GptOssConfig, t.GptOssForCausalLM, dict(head_dim=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
-                                                               layer_types=["sliding_attention", "full_attention"])),
-        "deepseek_v3": (t.DeepseekV3Config, t.DeepseekV3ForCausalLM, dict(kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
-                                                                           v_head_dim=32, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                                                           first_k_dense_replace=1, n_group=1, topk_group=1, num_key_value_heads=2)),
+        "gpt_oss": (
+            t.GptOssConfig,
+            t.GptOssForCausalLM,
+            dict(
+                head_dim=32,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                sliding_window=5,
+                layer_types=["sliding_attention", "full_attention"],
+            ),
+        ),
+        "deepseek_v3": (
+            t.DeepseekV3Config,
+            t.DeepseekV3ForCausalLM,
+            dict(
+                kv_lora_rank=16,
+                q_lora_rank=None,
+                qk_rope_head_dim=16,
+                qk_nope_head_dim=16,
+                v_head_dim=32,
+                n_routed_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                first_k_dense_replace=1,
+                n_group=1,
+                topk_group=1,
+                num_key_value_heads=2,
+            ),
+        ),
     }
 
 
@@ -70,8 +111,21 @@ def groups(seed: int = 0, n_groups: int = 3, per_group: int = 4) -> list[Traject
             t.samples.append(s)
             for k in range(rng.randint(1, 3)):
                 start, n = len(s.completion_ids), rng.choice([1, 3, 9])
-                s.extend([rng.randrange(1, V) for _ in range(n)], sampled=True, logprobs=[-rng.uniform(0.5, 4) for _ in range(n)])
-                t.turns.append(Turn(index=k, message={"role": "assistant"}, num_sampled=n, finish_reason="stop", sample=0, start=start))
+                s.extend(
+                    [rng.randrange(1, V) for _ in range(n)],
+                    sampled=True,
+                    logprobs=[-rng.uniform(0.5, 4) for _ in range(n)],
+                )
+                t.turns.append(
+                    Turn(
+                        index=k,
+                        message={"role": "assistant"},
+                        num_sampled=n,
+                        finish_reason="stop",
+                        sample=0,
+                        start=start,
+                    )
+                )
                 s.extend([rng.randrange(1, V) for _ in range(rng.randint(1, 4))], sampled=False)
             t.reward = float(e % 2)
             t.rewards = {"correct": t.reward}
@@ -90,7 +144,7 @@ def both_paths(model, batch, share: bool, budget: int, dtype=None, split: int = 
     for packed in (False, True):
         model.zero_grad(set_to_none=True)
         out = torch.zeros(len(batch), keep)
-        for idx in (packing.micro_batches(batch, rows, budget, share) if packed else rows.split(split)):
+        for idx in packing.micro_batches(batch, rows, budget, share) if packed else rows.split(split):
             k = int((batch.lengths[idx] - batch.starts[idx]).max())
             with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
                 if packed:
@@ -147,17 +201,29 @@ def test_layout_computes_each_prompt_once_and_no_padding_between():
     prompts = int(batch.starts.sum())
     unique = prompts - sum(int(batch.starts[batch.group_ids == g][0]) for g in range(2))
     for share, expect in ((True, real - unique), (False, real)):
-        packed = [packing.layout(batch, idx, 1, share, 10_000) for idx in packing.micro_batches(batch, rows, 10_000, share)]
-        assert sum(int((p.unit >= 0).sum()) for p in packed) == expect  # every real token once, each prompt once when shared
+        packed = [
+            packing.layout(batch, idx, 1, share, 10_000) for idx in packing.micro_batches(batch, rows, 10_000, share)
+        ]
+        assert (
+            sum(int((p.unit >= 0).sum()) for p in packed) == expect
+        )  # every real token once, each prompt once when shared
     # a budget smaller than a group's unit splits it (each part repeats the prompt), never drops a row
     micro = packing.micro_batches(batch, rows, 40, True)
     assert sorted(torch.cat(micro).tolist()) == rows.tolist()
 
 
-@pytest.mark.parametrize(("name", "config"), [
-    ("lfm2", lambda: transformers.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"])),
-    ("qwen3_next", lambda: transformers.Qwen3NextConfig(**SMALL, head_dim=32, layer_types=["linear_attention", "full_attention"], num_experts=2)),
-])
+@pytest.mark.parametrize(
+    ("name", "config"),
+    [
+        ("lfm2", lambda: transformers.Lfm2Config(**SMALL, layer_types=["conv", "full_attention"])),
+        (
+            "qwen3_next",
+            lambda: transformers.Qwen3NextConfig(
+                **SMALL, head_dim=32, layer_types=["linear_attention", "full_attention"], num_experts=2
+            ),
+        ),
+    ],
+)
 def test_models_that_keep_state_across_positions_are_refused(name, config):
     model = transformers.AutoModelForCausalLM.from_config(config())
     why = packing_refusal(model)
@@ -168,13 +234,33 @@ def _learner(model, **settings) -> Learner:
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     cfg = LearnerConfig(
-        micro_batch_size=3, num_iterations=1, steps_per_generation=1, temperature=0.9, logprob_chunk_size=7,
-        max_grad_norm=None, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1, **settings,
+        micro_batch_size=3,
+        num_iterations=1,
+        steps_per_generation=1,
+        temperature=0.9,
+        logprob_chunk_size=7,
+        max_grad_norm=None,
+        mask_truncated_completions=False,
+        ref_mix_alpha=None,
+        ref_mix_every=1,
+        **settings,
     )
-    return Learner(Accelerator(cpu=True), model, opt, sched, Reference(model, "full", 0.0), LossConfig(loss_type="dapo", beta=0.0), cfg)
+    return Learner(
+        Accelerator(cpu=True),
+        model,
+        opt,
+        sched,
+        Reference(model, "full", 0.0),
+        LossConfig(loss_type="dapo", beta=0.0),
+        cfg,
+    )
 
 
-@pytest.mark.parametrize("settings", [dict(pack_sequences=False), dict(share_prompt=False), dict()], ids=["padded", "packed", "packed_shared"])
+@pytest.mark.parametrize(
+    "settings",
+    [dict(pack_sequences=False), dict(share_prompt=False), dict()],
+    ids=["padded", "packed", "packed_shared"],
+)
 def test_learner_step_is_the_same_and_computes_fewer_tokens(settings):
     torch.manual_seed(0)
     model = tiny("qwen2").train()
@@ -187,7 +273,9 @@ def test_learner_step_is_the_same_and_computes_fewer_tokens(settings):
     for key in ("loss/loss", "grad_norm"):  # the other loss/ metrics are means over micro-batches
         assert metrics[key] == pytest.approx(ref[key], abs=1e-6, rel=1e-5), key
     for a, b in zip(batch.samples, ref_batch.samples):
-        torch.testing.assert_close(torch.tensor(a.trainer_logprobs), torch.tensor(b.trainer_logprobs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(a.trainer_logprobs), torch.tensor(b.trainer_logprobs), atol=1e-5, rtol=0
+        )
     for (n, p), q in zip(model.named_parameters(), ref_model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=n)
     real = int(batch.lengths.sum())

@@ -65,7 +65,8 @@ def packing_refusal(model: Any) -> str | None:
         return f"{name}: attention implementation {impl!r} takes no explicit mask (packing needs sdpa or eager)"
     types = set(getattr(config, "layer_types", None) or ())
     if types - ATTENTION_TYPES:
-        return f"{name}: layers of type {sorted(types - ATTENTION_TYPES)} keep state across positions or need their own mask"
+        odd = sorted(types - ATTENTION_TYPES)
+        return f"{name}: layers of type {odd} keep state across positions or need their own mask"
     if getattr(config, "attention_chunk_size", None):
         return f"{name}: chunked attention needs its own mask"
     decoder, _ = _parts(model)
@@ -128,9 +129,25 @@ def packed_logprobs(
     decoder, _ = _parts(model)
     dev = decoder.get_input_embeddings().weight.device
     ids = packed.input_ids.to(dev)
-    dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else decoder.get_input_embeddings().weight.dtype
-    moved = PackedRows(*(t.to(dev) for t in (packed.input_ids, packed.positions, packed.unit, packed.branch,
-                                             packed.pred_row, packed.pred_col, packed.tgt_col)))
+    dtype = (
+        torch.get_autocast_dtype(dev.type)
+        if torch.is_autocast_enabled(dev.type)
+        else decoder.get_input_embeddings().weight.dtype
+    )
+    moved = PackedRows(
+        *(
+            t.to(dev)
+            for t in (
+                packed.input_ids,
+                packed.positions,
+                packed.unit,
+                packed.branch,
+                packed.pred_row,
+                packed.pred_col,
+                packed.tgt_col,
+            )
+        )
+    )
     mask = attention_masks(getattr(model, "config", None), moved, dtype)
     out = decoder(input_ids=ids, attention_mask=mask, position_ids=moved.positions, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
@@ -138,7 +155,9 @@ def packed_logprobs(
     if only is not None:  # the index is built on the host copy of the mask: no device sync
         keep = only.reshape(-1).nonzero().squeeze(-1).to(dev, non_blocking=True)
         r, pc, tc = r[keep], pc[keep], tc[keep]
-    logprobs, entropy = _head_logprobs(model, hidden[r, pc], ids[r, tc], temperature, chunk_size, return_entropy, head, grad_into_leaf, compiled_head)
+    logprobs, entropy = _head_logprobs(
+        model, hidden[r, pc], ids[r, tc], temperature, chunk_size, return_entropy, head, grad_into_leaf, compiled_head
+    )
     if only is not None:
         logprobs = logprobs.new_zeros(N * width).index_put((keep,), logprobs)
         if return_entropy:

@@ -22,8 +22,8 @@ from agentrl.compute.packed import packing_refusal
 from agentrl.compute.parallel.distributed import learner_rows, mean_over_ranks
 from agentrl.compute.parallel.strategy import Strategy, make_strategy
 from agentrl.compute.reference import Reference
-from agentrl.learn.batch import Batch
 from agentrl.learn import packing
+from agentrl.learn.batch import Batch
 from agentrl.learn.config import LearnerConfig
 from agentrl.learn.losses import LossConfig, StepCounts, local_counts, policy_loss
 
@@ -75,7 +75,8 @@ class Learner:
         self.policy.train()
         B = len(batch)
         # with several ranks each trains on its part of every step's rows (agentrl.compute.parallel.distributed)
-        chunks = learner_rows(B, s.steps_per_generation, self.accelerator.process_index, self.accelerator.num_processes)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        chunks = learner_rows(B, s.steps_per_generation, rank, world, batch.group_ids if self.packed and s.share_prompt else None)
         mine = torch.cat(chunks)
         reuse = s.num_iterations > 1 or s.steps_per_generation > 1
         old = self._no_grad_logprobs(self.model, batch, mine) if reuse else None
@@ -167,7 +168,7 @@ class Learner:
 
     def _step(self, batch: Batch, chunk: torch.Tensor, old: Any, ref: Any, step: int) -> dict[str, Any]:
         s, dev = self.settings, self.accelerator.device
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         micro = self._micro_batches(batch, chunk)
         truncated = batch.truncated if s.mask_truncated_completions else None
         # the step's totals over every micro-batch and rank: each loss normalises by them, so the
@@ -215,6 +216,7 @@ class Learner:
         out = {f"loss/{k}": v for k, v in sums.items()}
         out.update({"lr": self.scheduler.get_last_lr()[0], "perf/train_s": train_s, "perf/trained_tokens_per_s": trained_tokens / train_s})
         out["perf/computed_tokens"] = float(self.computed_tokens)
+        out["perf/train_cpu_s"] = time.process_time() - c0  # this process's CPU time: steadier than wall on a shared machine
         out["train/skipped_nonfinite"] = float(skipped)
         if math.isfinite(grad_norm):
             out["grad_norm"] = grad_norm
