@@ -292,3 +292,20 @@ def test_refused_model_trains_padded_and_says_so(capsys):
     assert "pack_sequences: off" in capsys.readouterr().out and not learner.packed
     (metrics,) = learner.learn(build_batch(groups(), pad_id=0), 0)
     assert metrics["grad_norm"] > 0
+
+
+def test_ranks_get_whole_groups_where_a_step_has_enough_of_them():
+    from agentrl.compute.parallel.distributed import learner_rows
+
+    groups = torch.tensor([0] * 3 + [1] * 3 + [2] * 3 + [3] * 3)
+    # two steps of 6 rows, two ranks: each rank one whole group per step
+    parts = [learner_rows(12, 2, rank, 2, groups) for rank in range(2)]
+    assert [p.tolist() for p in parts[0]] == [[0, 1, 2], [6, 7, 8]]
+    assert [p.tolist() for p in parts[1]] == [[3, 4, 5], [9, 10, 11]]
+    # four ranks over one step of four groups of unequal size: cuts at the boundaries nearest the even split
+    uneven = torch.tensor([0] * 5 + [1] + [2] * 2 + [3] * 4)
+    cut = [learner_rows(12, 1, rank, 4, uneven)[0].tolist() for rank in range(4)]
+    assert cut == [[0, 1, 2, 3, 4], [5], [6, 7], [8, 9, 10, 11]]
+    # fewer groups than ranks: the even split (a group's prompt is then computed on both ranks)
+    one_group = torch.zeros(4, dtype=torch.long)
+    assert [learner_rows(4, 1, rank, 2, one_group)[0].tolist() for rank in range(2)] == [[0, 1], [2, 3]]
