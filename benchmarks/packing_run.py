@@ -2,6 +2,7 @@
 
     python benchmarks/packing_run.py --steps 8                 # this CPU: both paths, one process each, same seed
     python benchmarks/packing_run.py --steps 8 --rounds 2      # the paths alternate (a shared machine)
+    python benchmarks/packing_run.py --env math_python --steps 2   # prompts with tool schemas
 
 Each path is ``agentrl train env=calculator`` (the defaults, ``max_steps`` cut to ``--steps``,
 ``save_every=0``) in its own process; "padded" adds ``pack_sequences=false`` (the learner before
@@ -28,7 +29,7 @@ from pathlib import Path
 VARIANTS = {"padded": ["pack_sequences=false"], "packed_only": ["share_prompt=false"], "packed": []}
 
 
-def run(name: str, steps: int, seed: int, extra: list[str]) -> list[dict]:
+def run(name: str, steps: int, seed: int, extra: list[str], env: str = "calculator") -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
         cmd = [
@@ -36,7 +37,7 @@ def run(name: str, steps: int, seed: int, extra: list[str]) -> list[dict]:
             "-m",
             "agentrl",
             "train",
-            "env=calculator",
+            f"env={env}",
             f"max_steps={steps}",
             f"seed={seed}",
             "save_every=0",
@@ -56,6 +57,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--env", default="calculator", help="another environment (math_python, search: prompts with tool schemas)")
     ap.add_argument("--variants", default="padded,packed")
     ap.add_argument("extra", nargs="*", help="more key=value overrides for both paths")
     args = ap.parse_args()
@@ -65,14 +67,14 @@ def main() -> None:
     rows: dict[str, list[list[dict]]] = {n: [] for n in names}
     for _ in range(args.rounds):
         for name in names:
-            rows[name].append([m for m in run(name, args.steps, args.seed, args.extra) if "perf/train_s" in m])
+            rows[name].append([m for m in run(name, args.steps, args.seed, args.extra, args.env) if "perf/train_s" in m])
 
     def med(name: str, key: str) -> float:
         return statistics.median(m[key] for r in rows[name] for m in (r[1:] or r) if key in m)
 
     cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
     print(f"\n{start}; {cpu}; load average at start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}")
-    print(f"agentrl train env=calculator max_steps={args.steps} seed={args.seed} save_every=0 {' '.join(args.extra)}")
+    print(f"agentrl train env={args.env} max_steps={args.steps} seed={args.seed} save_every=0 {' '.join(args.extra)}")
     print(f"{args.rounds} process(es) per path; medians of steps 2+")
     keys = {"tokens": "perf/computed_tokens", "train": "perf/train_s", "cpu": "perf/train_cpu_s", "step": "perf/step_s"}
     print("| path | computed tokens / step | train phase s | train phase CPU s | step s | reward (mean) | tokens vs first "
