@@ -7,8 +7,11 @@
 (``logprob_head="checkpoint"``), micro-batches in batch order, every completion column scored,
 autocast's weight cache on. "new" is the default: the fused linear + log-softmax head, rows of
 similar length batched together, only sampled tokens scored, no autocast weight cache
-(``agentrl.learn.config.LearnerConfig``). ``--variants`` also takes ``fused_only`` and
-``no_cache_only`` (one change each against "old"). Both run the same
+(``agentrl.learn.config.LearnerConfig``), which since issue 45 also packs the micro-batches and
+runs each group's prompt once. ``--variants`` also takes ``fused_only`` and ``no_cache_only`` (one
+change each against "old"), ``padded`` ("new" before issue 45: padded micro-batches of ``--micro``
+rows) and ``packed_only`` (packed, every prompt computed per row); ``--micro-tokens`` sets
+``micro_batch_tokens``. Both run the same
 batch, model weights, loss (dapo), AdamW and micro-batch size; each variant runs in its own
 process so its peak memory is its own (CUDA: ``max_memory_allocated``; CPU: peak resident set
 minus the resident set before the first step). Time is the median over the steps after the first; with ``--rounds`` the
@@ -47,11 +50,13 @@ PRESETS = {  # Qwen2 shapes; "small" keeps the 152k vocabulary (the head is the 
     "bundled": dict(vocab_size=455, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64),
 }
 VARIANTS = {
-    "old": dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=True),
+    "old": dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=True, pack_sequences=False),
     "new": dict(logprob_head="fused", sort_by_length=True, score_sampled_only=True, autocast_cache=False),
+    "padded": dict(logprob_head="fused", sort_by_length=True, score_sampled_only=True, autocast_cache=False, pack_sequences=False),
+    "packed_only": dict(logprob_head="fused", sort_by_length=True, score_sampled_only=True, autocast_cache=False, share_prompt=False),
     # one change at a time, for attributing a difference
-    "fused_only": dict(logprob_head="fused", sort_by_length=False, score_sampled_only=False, autocast_cache=True),
-    "no_cache_only": dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=False),
+    "fused_only": dict(logprob_head="fused", sort_by_length=False, score_sampled_only=False, autocast_cache=True, pack_sequences=False),
+    "no_cache_only": dict(logprob_head="checkpoint", sort_by_length=False, score_sampled_only=False, autocast_cache=False, pack_sequences=False),
 }
 
 
@@ -93,7 +98,7 @@ def synthetic_groups(P: int, G: int, completion: int, vocab: int, shape: str, se
     return groups
 
 
-def build_learner(model: Any, accelerator: Any, micro: int, variant: dict[str, Any], chunk: int, beta: float, lr: float) -> Any:
+def build_learner(model: Any, accelerator: Any, micro: int, variant: dict[str, Any], chunk: int, beta: float, lr: float, micro_tokens: int = 4096) -> Any:
     from agentrl.compute.reference import Reference
     from agentrl.learn.config import LearnerConfig
     from agentrl.learn.learner import Learner
@@ -104,7 +109,7 @@ def build_learner(model: Any, accelerator: Any, micro: int, variant: dict[str, A
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     settings = LearnerConfig(
         micro_batch_size=micro, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=chunk,
-        max_grad_norm=1.0, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1, **variant,
+        max_grad_norm=1.0, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=1, **(dict(micro_batch_tokens=micro_tokens) | variant),
     )
     return Learner(accelerator, model, opt, sched, Reference(model, "full", beta), LossConfig(loss_type="dapo", beta=beta), settings)
 
@@ -130,18 +135,19 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         enable_gradient_checkpointing(model)  # as the trainer does
     accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if args.bf16 else "no")
     model = model.to(accelerator.device).train()
-    learner = build_learner(model, accelerator, args.micro, VARIANTS[args.worker], args.chunk, args.beta, args.lr)
+    learner = build_learner(model, accelerator, args.micro, VARIANTS[args.worker], args.chunk, args.beta, args.lr, args.micro_tokens)
     batch = build_batch(synthetic_groups(args.prompts, args.gens, args.completion, cfg.vocab_size, args.shape, prompt_tokens=args.prompt_tokens), pad_id=0)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     rss0 = _rss_gib()
-    times, cpu_times, losses, norms = [], [], [], []
+    times, cpu_times, losses, norms, computed = [], [], [], [], []
     for step in range(args.steps):
         t0, c0 = time.perf_counter(), time.process_time()
         for m in learner.learn(batch, step):
             losses.append(m["loss/loss"])
             norms.append(m.get("grad_norm", float("nan")))
+            computed.append(m["perf/computed_tokens"])
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -151,7 +157,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "variant": args.worker, "step_s": statistics.median(times[1:] or times), "times": times, "peak_gib": peak,
         "cpu_s": statistics.median(cpu_times[1:] or cpu_times),
         "losses": losses, "grad_norms": norms, "rows": len(batch), "width": int(batch.input_ids.shape[1]),
-        "sampled_tokens": int(batch.loss_mask.sum()), "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "sampled_tokens": int(batch.loss_mask.sum()), "computed_tokens": computed[0], "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
 
 
@@ -164,6 +170,7 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=None, help="every prompt this long (default: 20-60 tokens)")
     ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--micro-tokens", type=int, default=4096, help="micro_batch_tokens of the packed variants")
     ap.add_argument("--chunk", type=int, default=1024, help="logprob_chunk_size (default: the trainer's)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--beta", type=float, default=0.0, help="> 0 adds the reference model's forward")
@@ -206,10 +213,10 @@ def main() -> None:
           f"{r0['sampled_tokens']} sampled tokens, shape {args.shape}, micro-batch {args.micro}, chunk {args.chunk}, "
           f"{'bf16 autocast' if args.bf16 else 'fp32'}{', gradient checkpointing' if args.gradient_checkpointing else ''}, beta {args.beta}, "
           f"{args.steps} steps per process (median of steps 2+), {args.rounds} process(es) per variant, torch threads {args.threads or torch.get_num_threads()}")
-    print("| path | train phase s (median) | per round s | CPU s (median) | peak GiB | loss per step | grad norm per step | speed vs old (wall) | speed vs old (CPU s) | memory vs old |")
-    print("|---|---:|---|---:|---:|---|---|---:|---:|---:|")
+    print("| path | computed tokens / step | train phase s (median) | per round s | CPU s (median) | peak GiB | loss per step | grad norm per step | speed vs first (wall) | speed vs first (CPU s) | memory vs first |")
+    print("|---|---:|---:|---|---:|---:|---|---|---:|---:|---:|")
     for r in results:
-        print(f"| {r['variant']} | {r['step_s']:.3f} | {', '.join(f'{t:.2f}' for t in r['round_s'])} | {r['cpu_s']:.2f} | {r['peak_gib']:.2f} | "
+        print(f"| {r['variant']} | {r['computed_tokens']:.0f} | {r['step_s']:.3f} | {', '.join(f'{t:.2f}' for t in r['round_s'])} | {r['cpu_s']:.2f} | {r['peak_gib']:.2f} | "
               f"{', '.join(f'{x:.6e}' for x in r['losses'])} | {', '.join(f'{x:.6e}' for x in r['grad_norms'])} | "
               f"{r0['step_s'] / r['step_s']:.2f}x | {r0['cpu_s'] / r['cpu_s']:.2f}x | {r['peak_gib'] / r0['peak_gib']:.2f}x |")
 

@@ -38,6 +38,7 @@ A_STRING = "not callable"
 CASES = [
     ("unknown key", "train lerning_rate=1e-3", "did you mean learning_rate"),
     ("unknown nested key", "train rollout.max_tokens=8", "rollout.max_tokens: unknown key"),
+    ("packing knob without packing", "train pack_sequences=false micro_batch_tokens=512", "no effect with pack_sequences=false"),
     ("wrong type", "train max_steps=abc", "max_steps"),
     ("below bound", "train max_steps=0", "max_steps"),
     ("group of one", "train num_generations=1", "num_generations"),

@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = [
     "prompts_per_step=2",
     "num_generations=4",
-    "micro_batch_size=3",  # 8 rows per step: uneven micro-batches on one process (3+3+2) and on each rank
+    "micro_batch_size=3",  # 8 rows per step: uneven micro-batches on one process (3+3+2) and on each rank (padded path)
+    "micro_batch_tokens=300",  # packed (the default): a group's ~370 tokens split in two units, several micro-batches
     "rollout.max_tokens_per_turn=32",
     "rollout.max_completion_tokens=160",
     "learning_rate=2e-5",
@@ -133,7 +134,9 @@ def samples(run_dir: Path) -> list[dict]:
 def test_two_processes_equal_one_dapo_batch_scale_accelerate_launch(tmp_path):
     """dapo's token mean over the global batch, advantage_scale=batch (statistics over all ranks),
     two optimizer steps from one generation batch (old log-probs, rows split per step)."""
-    extra = ["advantage_scale=batch", "steps_per_generation=2"]
+    # 4 tasks: two groups in each of the two steps, so each rank trains whole groups and computes
+    # each shared prompt from the same rows as one process (agentrl.compute.parallel.distributed.group_cuts)
+    extra = ["advantage_scale=batch", "steps_per_generation=2", "prompts_per_step=4"]
     one = reference(tmp_path / "one", *extra)
     many = tmp_path / "many"
     # --multi_gpu is accelerate's torchrun-style launcher; on a machine without GPUs each process

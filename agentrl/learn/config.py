@@ -24,3 +24,8 @@ class LearnerConfig(Strict):
     sort_by_length: bool = True  # micro-batches of rows of similar length: less padding in each
     score_sampled_only: bool = True  # the output head only at sampled tokens (not tool results or padding)
     autocast_cache: bool = False  # keep autocast's bf16 weight copies for the whole forward (torch's default)
+    # packed micro-batches (agentrl/learn/packing.py): no padding between sequences, each shared prompt
+    # computed once; models that cannot be packed exactly fall back to micro_batch_size rows (one line says why)
+    pack_sequences: bool = True
+    share_prompt: bool = True  # with pack_sequences: the rows that share a prompt run it once
+    micro_batch_tokens: int = 4096  # with pack_sequences: the most tokens one forward computes (a longer sequence runs alone)

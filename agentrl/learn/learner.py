@@ -18,9 +18,11 @@ import torch
 from accelerate.utils import AutocastKwargs
 
 from agentrl.compute.compile_layers import CAPTURE_LOCK, CompiledLayers
+from agentrl.compute.packed import packing_refusal
 from agentrl.compute.parallel.distributed import learner_rows, mean_over_ranks
 from agentrl.compute.parallel.strategy import Strategy, make_strategy
 from agentrl.compute.reference import Reference
+from agentrl.learn import packing
 from agentrl.learn.batch import Batch
 from agentrl.learn.config import LearnerConfig
 from agentrl.learn.losses import LossConfig, StepCounts, local_counts, policy_loss
@@ -51,6 +53,11 @@ class Learner:
         # each micro-batch's forward, the moment of the step's peak. Each weight is used once per
         # forward (the fused head casts its own), so without the cache nothing is cast twice.
         self._autocast = AutocastKwargs(cache_enabled=settings.autocast_cache)
+        self.computed_tokens = 0  # decoder columns of the last step's training forwards (a metric, perf/computed_tokens)
+        self.packed = settings.pack_sequences  # packed micro-batches (agentrl/learn/packing.py), unless the model cannot be
+        if self.packed and (why := packing_refusal(accelerator.unwrap_model(policy))):
+            print(f"pack_sequences: off, {why}; training padded micro-batches of micro_batch_size rows", flush=True)
+            self.packed = False
         if accelerator.device.type == "cuda":
             # Process-wide: no cuDNN attention. Training rows run unmasked, so SDPA would pick
             # cuDNN's, which builds an execution plan on the host for every new shape, and every
@@ -68,7 +75,8 @@ class Learner:
         self.policy.train()
         B = len(batch)
         # with several ranks each trains on its part of every step's rows (agentrl.compute.parallel.distributed)
-        chunks = learner_rows(B, s.steps_per_generation, self.accelerator.process_index, self.accelerator.num_processes)
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        chunks = learner_rows(B, s.steps_per_generation, rank, world, batch.group_ids if self.packed and s.share_prompt else None)
         mine = torch.cat(chunks)
         reuse = s.num_iterations > 1 or s.steps_per_generation > 1
         old = self._no_grad_logprobs(self.model, batch, mine) if reuse else None
@@ -88,10 +96,13 @@ class Learner:
     def _micro_batches(self, batch: Batch, rows: torch.Tensor) -> list[torch.Tensor]:
         """``rows`` in micro-batches; longest rows first and together when ``sort_by_length``.
 
-        Each micro-batch is padded to its longest row, so mixing a 900-token multi-turn row with
+        Packed (``pack_sequences``): up to ``micro_batch_tokens`` computed tokens each (agentrl/learn/packing.py).
+        Otherwise each micro-batch is padded to its longest row, so mixing a 900-token multi-turn row with
         200-token ones pays for 900 x micro_batch_size. The split does not change the step's loss:
         every micro-batch loss is normalised by the step's totals and they are summed.
         """
+        if self.packed:
+            return packing.micro_batches(batch, rows, self.settings.micro_batch_tokens, self.settings.share_prompt)
         if self.settings.sort_by_length and len(rows) > 1:
             order = torch.sort(batch.lengths[rows], descending=True, stable=True).indices
             rows = rows[order]
@@ -106,11 +117,19 @@ class Learner:
         s, dev = self.settings, self.accelerator.device
         width = int(batch.lengths[idx].max())  # trim the padding every row of this micro-batch has
         keep = int((batch.lengths[idx] - batch.starts[idx]).max())
-        ids = batch.input_ids[idx, :width].to(dev)
-        if self.compiled is not None and width % ALIGN:
-            ids = torch.nn.functional.pad(ids, (0, ALIGN - width % ALIGN))  # see ALIGN
         only = batch.loss_mask[idx, :keep] > 0 if s.score_sampled_only else None
         kwargs = dict(temperature=s.temperature, chunk_size=s.logprob_chunk_size, return_entropy=entropy, only=only, head=s.logprob_head)
+        align = ALIGN if self.compiled is not None else 1
+        if self.packed:
+            rows = packing.layout(batch, idx, keep, s.share_prompt, s.micro_batch_tokens, align)
+            self.computed_tokens += rows.tokens
+            with self.accelerator.autocast(self._autocast):
+                out = self.strategy.packed_logprobs(model, rows, keep, compiled=self.compiled is not None, **kwargs)
+            return out, keep
+        ids = batch.input_ids[idx, :width].to(dev)
+        if width % align:
+            ids = torch.nn.functional.pad(ids, (0, align - width % align))  # see ALIGN
+        self.computed_tokens += ids.numel()
         with self.accelerator.autocast(self._autocast):
             out = self.strategy.logprobs(model, ids, batch.starts[idx], keep, compiled=self.compiled is not None, **kwargs)
         return out, keep
@@ -149,7 +168,7 @@ class Learner:
 
     def _step(self, batch: Batch, chunk: torch.Tensor, old: Any, ref: Any, step: int) -> dict[str, Any]:
         s, dev = self.settings, self.accelerator.device
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         micro = self._micro_batches(batch, chunk)
         truncated = batch.truncated if s.mask_truncated_completions else None
         # the step's totals over every micro-batch and rank: each loss normalises by them, so the
@@ -163,6 +182,7 @@ class Learner:
         )
         sums: dict[str, float] = {}
         trained_tokens = 0
+        self.computed_tokens = 0  # decoder columns of this step's training forwards (padding and repeated prompts included)
         for idx, real in self._lockstep(list(micro)):
             # compiled layers for the forward and the backward (its checkpoint recompute included)
             with self.compiled.active() if self.compiled is not None else contextlib.nullcontext():
@@ -195,6 +215,8 @@ class Learner:
             sums = mean_over_ranks(self.accelerator, sums)
         out = {f"loss/{k}": v for k, v in sums.items()}
         out.update({"lr": self.scheduler.get_last_lr()[0], "perf/train_s": train_s, "perf/trained_tokens_per_s": trained_tokens / train_s})
+        out["perf/computed_tokens"] = float(self.computed_tokens)
+        out["perf/train_cpu_s"] = time.process_time() - c0  # this process's CPU time: steadier than wall on a shared machine
         out["train/skipped_nonfinite"] = float(skipped)
         if math.isfinite(grad_norm):
             out["grad_norm"] = grad_norm

@@ -220,7 +220,8 @@ def learner_config(cfg: TrainConfig) -> LearnerConfig:
         micro_batch_size=cfg.micro_batch_size, num_iterations=cfg.num_iterations, steps_per_generation=cfg.steps_per_generation,
         temperature=cfg.sampling.temperature, logprob_chunk_size=cfg.logprob_chunk_size, max_grad_norm=cfg.max_grad_norm,
         mask_truncated_completions=cfg.mask_truncated_completions, ref_mix_alpha=cfg.ref_mix_alpha, ref_mix_every=cfg.ref_mix_every,
-        max_completion_tokens=cfg.rollout.max_completion_tokens,
+        max_completion_tokens=cfg.rollout.max_completion_tokens, pack_sequences=cfg.pack_sequences, share_prompt=cfg.share_prompt,
+        micro_batch_tokens=cfg.micro_batch_tokens,
     )
 
 

@@ -77,7 +77,12 @@ class TrainConfig(Strict):
     num_generations: int = Field(8, ge=2, description="episodes per task (the GRPO group)")
     steps_per_generation: int = Field(1, ge=1, description="optimizer steps per generation batch")
     num_iterations: int = Field(1, ge=1, description="passes over each generation batch")
-    micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward")
+    micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward on the padded path (pack_sequences=false, or a model that cannot be packed)")
+    pack_sequences: bool = Field(
+        True, description="packed micro-batches: sequences back to back up to micro_batch_tokens, no padding between them, an attention that cannot cross them (docs/performance.md, packed micro-batches)"
+    )
+    share_prompt: bool = Field(True, description="with pack_sequences: the samples that share a prompt (a GRPO group) run it once, each completion attending to it")
+    micro_batch_tokens: int = Field(4096, ge=1, description="with pack_sequences: the most tokens one forward/backward computes (a longer sequence runs alone)")
 
     # optimisation
     learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate")
@@ -162,6 +167,8 @@ class TrainConfig(Strict):
             raise ValueError("ref_mix_alpha and ref_mix_every go together (both set, or neither)")
         if self.ref_mix_alpha is not None and (self.loss.beta == 0 or self.peft is not None):
             raise ValueError("ref_mix_alpha mixes a full-model reference: it needs loss.beta > 0 and no peft")
+        if not self.pack_sequences and self.model_fields_set & {"share_prompt", "micro_batch_tokens"}:
+            raise ValueError("share_prompt/micro_batch_tokens have no effect with pack_sequences=false (micro_batch_size sets the padded micro-batches)")
         if self.eval_every == 0 and self.model_fields_set & {"eval_tasks", "eval_temperature", "eval_seed"}:
             raise ValueError("eval_tasks/eval_temperature/eval_seed have no effect without eval_every > 0")
         if self.distributed.strategy == "fsdp":

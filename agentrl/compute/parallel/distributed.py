@@ -98,12 +98,17 @@ def mean_over_ranks(accelerator: Any, metrics: dict[str, float]) -> dict[str, fl
     return {k: sum(p[k] for p in parts if k in p) / sum(1 for p in parts if k in p) for k in keys}
 
 
-def learner_rows(num_rows: int, steps_per_generation: int, rank: int, world: int) -> list[torch.Tensor]:
+def learner_rows(
+    num_rows: int, steps_per_generation: int, rank: int, world: int, groups: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """This rank's rows of each optimizer step of a generation batch of ``num_rows`` rows.
 
     One process trains step ``i`` on ``arange(num_rows).chunk(steps_per_generation)[i]``; with
     ``world`` ranks each such chunk is cut into ``world`` contiguous parts. Every rank must get a
     row of every step (DDP needs one backward from each), so too small a batch is an error.
+    ``groups`` ([num_rows] group ids, rows of a group contiguous): the cuts fall between groups
+    where the chunk has enough of them (:func:`group_cuts`), so a group's shared prompt is computed
+    on one rank from the same rows as in one process, and N ranks sum the same numbers as one.
     """
     chunks = [c for c in torch.arange(num_rows).chunk(steps_per_generation) if len(c)]
     if world == 1:
@@ -113,7 +118,25 @@ def learner_rows(num_rows: int, steps_per_generation: int, rank: int, world: int
             f"a generation batch of {num_rows} rows in {len(chunks)} optimizer step(s) leaves some of the {world} ranks "
             "without a row to train on: raise prompts_per_step or num_generations, or use fewer processes"
         )
-    return [c.tensor_split(world)[rank] for c in chunks]
+    if groups is None:
+        return [c.tensor_split(world)[rank] for c in chunks]
+    return [c.tensor_split(group_cuts(groups[c].tolist(), world))[rank] for c in chunks]
+
+
+def group_cuts(groups: list[int], world: int) -> list[int]:
+    """``world - 1`` cut positions in a chunk of rows with these group ids: at group boundaries, each
+    nearest the even split, when the chunk has at least ``world`` groups; else the even split."""
+    n = len(groups)
+    even = [n * k // world for k in range(1, world)]
+    bounds = [i for i in range(1, n) if groups[i] != groups[i - 1]]
+    if len(bounds) < world - 1:
+        return even
+    cuts: list[int] = []
+    for k, target in enumerate(even):
+        left = world - 2 - k  # cuts still to place after this one
+        options = [b for b in bounds if (not cuts or b > cuts[-1]) and sum(1 for x in bounds if x > b) >= left]
+        cuts.append(min(options, key=lambda b: (abs(b - target), b)))
+    return cuts
 
 
 _PEER_HINTS = ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket", "broken pipe", "closed")

@@ -40,6 +40,7 @@ import torch
 
 from agentrl.compute.logprobs import completion_logprobs
 from agentrl.compute.models import decoder_layers
+from agentrl.compute.packed import PackedRows, packed_logprobs
 from agentrl.core.errors import AgentrlError
 
 __all__ = ["ShardedPolicy", "ShardingError", "checkpoint_views", "lockstep_count", "shard_policy"]
@@ -50,16 +51,21 @@ class ShardingError(AgentrlError, RuntimeError):
 
 
 class ShardedPolicy(torch.nn.Module):
-    """The FSDP2 root: holds the causal LM as ``model``; ``forward`` is ``completion_logprobs``."""
+    """The FSDP2 root: holds the causal LM as ``model``; ``forward`` is ``completion_logprobs`` (``packed_logprobs``
+    when ``input_ids`` is a ``PackedRows``)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(
-        self, input_ids: torch.Tensor, starts: torch.Tensor, width: int, *, temperature: float = 1.0, chunk_size: int = 1024,
-        return_entropy: bool = False, only: torch.Tensor | None = None, head: str = "fused",
+        self, input_ids: torch.Tensor | PackedRows, starts: torch.Tensor | None, width: int, *, temperature: float = 1.0,
+        chunk_size: int = 1024, return_entropy: bool = False, only: torch.Tensor | None = None, head: str = "fused",
     ) -> Any:
+        if isinstance(input_ids, PackedRows):
+            return packed_logprobs(
+                self.model, input_ids, width, temperature=temperature, chunk_size=chunk_size, return_entropy=return_entropy, only=only, head=head,
+            )
         return completion_logprobs(
             self.model, input_ids, starts, width, temperature=temperature, chunk_size=chunk_size,
             return_entropy=return_entropy, only=only, head=head,  # type: ignore[arg-type]

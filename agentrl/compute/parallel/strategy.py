@@ -17,6 +17,7 @@ import torch
 
 from agentrl.compute.generation_copy import generation_copy
 from agentrl.compute.logprobs import completion_logprobs
+from agentrl.compute.packed import PackedRows, packed_logprobs
 from agentrl.compute.parallel.distributed import average_gradients
 
 __all__ = ["DataParallel", "Sharded", "SingleProcess", "Strategy", "make_strategy"]
@@ -62,6 +63,11 @@ class Strategy:
         so the head may write its weight gradient itself; its tiles compile where the layers do."""
         training = torch.is_grad_enabled()
         return completion_logprobs(model, ids, starts, keep, grad_into_leaf=training, compiled_head=training and compiled, **kwargs)
+
+    def packed_logprobs(self, model: Any, packed: PackedRows, keep: int, *, compiled: bool, **kwargs: Any) -> Any:
+        """:meth:`logprobs` for one packed micro-batch (agentrl/compute/packed.py)."""
+        training = torch.is_grad_enabled()
+        return packed_logprobs(model, packed, keep, grad_into_leaf=training, compiled_head=training and compiled, **kwargs)
 
     def lockstep(self, micro: list[torch.Tensor], device: torch.device) -> list[tuple[torch.Tensor, bool]]:
         """``(rows, real)`` per forward this rank runs."""
@@ -130,6 +136,9 @@ class Sharded(Strategy):
     def logprobs(self, model: Any, ids: torch.Tensor, starts: torch.Tensor, keep: int, *, compiled: bool, **kwargs: Any) -> Any:
         # FSDP2 reduce-scatters the leaves' gradients: nothing is written into them directly
         return model(ids, starts.to(ids.device), keep, **kwargs)
+
+    def packed_logprobs(self, model: Any, packed: PackedRows, keep: int, *, compiled: bool, **kwargs: Any) -> Any:
+        return model(packed, None, keep, **kwargs)  # the sharded root's forward runs the packed path (fsdp.py)
 
     def lockstep(self, micro: list[torch.Tensor], device: torch.device) -> list[tuple[torch.Tensor, bool]]:
         """Every rank runs as many forwards as the busiest (each is collective); the extra ones rerun
