@@ -38,23 +38,22 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import anyio
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "openai_agent"))
 
+import agent as agent_module  # noqa: E402
 from harness_env import CalculatorAgentEnv  # noqa: E402
 
 from agentrl.chat import get_chat_format  # noqa: E402
 from agentrl.compute.models import load_model, load_tokenizer  # noqa: E402
+from agentrl.env.harness import HarnessEnvironment  # noqa: E402
 from agentrl.environments.calculator import CalculatorEnv  # noqa: E402
 from agentrl.generators import run_with  # noqa: E402
 from agentrl.generators.hf.generator import TransformersGenerator  # noqa: E402
 from agentrl.generators.protocol import Generation, SamplingParams  # noqa: E402
 from agentrl.rollout import RolloutConfig, RolloutEngine  # noqa: E402
-
-import agent as agent_module  # noqa: E402
 
 
 class Replay:
@@ -62,7 +61,13 @@ class Replay:
 
     def __init__(self, fmt: Any, latency_s: float) -> None:
         self.latency_s = latency_s
-        call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}]}
+        call = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}
+            ],
+        }
         answer = {"role": "assistant", "content": "The answer is 5."}
         user = [{"role": "user", "content": "What is 2 + 3?"}]
         self.call_ids = fmt.assistant_ids(user, call, agent_module.TOOLS)
@@ -84,20 +89,30 @@ class Replay:
 
 
 class Timed(CalculatorAgentEnv):
-    """The example's environment, timing each turn's generate call and each client call."""
+    """The example's environment, timing each turn's generate call and the engine's work around it
+    (from the request's arrival to the generate call, and from its return to ``step``)."""
 
     gen_s: dict[str, list[float]]
     client_s: dict[str, list[float]]
+    engine_s: list[float]
 
     async def sample(self, turn: Any, generate: Any) -> Generation:
+        arrived = self._ep.pending.at if self._ep.pending is not None else None
+
         async def timed(ids: list[int], sampling: Any) -> Generation:
             t0 = time.perf_counter()
             try:
                 return await generate(ids, sampling)
             finally:
-                self.gen_s[self._ep.key].append(time.perf_counter() - t0)
+                self._generated = time.perf_counter()
+                self.gen_s[self._ep.key].append(self._generated - t0)
+                self._before = t0 - arrived if arrived is not None else 0.0
 
         return await super().sample(turn, timed)
+
+    async def step(self, message: Any) -> Any:
+        self.engine_s.append(self._before + time.perf_counter() - self._generated)
+        return await super().step(message)
 
 
 def timed_client(env: Timed, key: str, client: Any) -> Any:
@@ -117,23 +132,22 @@ def timed_client(env: Timed, key: str, client: Any) -> Any:
 
 def harness_env(tasks_env: CalculatorEnv) -> Timed:
     env = Timed()
-    env.gen_s, env.client_s = defaultdict(list), defaultdict(list)
+    env.gen_s, env.client_s, env.engine_s = defaultdict(list), defaultdict(list), []
 
-    async def run(task: dict[str, Any], endpoint: Any) -> None:
-        key = endpoint.base_url.split("/")[-2]
-        client = timed_client(env, key, endpoint.client())
-        try:
-            await agent_module.solve(client, task["question"])
-        finally:
-            await client.close()
+    async def run(task: dict[str, Any], client: Any) -> None:
+        key = str(client.base_url).rstrip("/").split("/")[-2]
+        await agent_module.solve(timed_client(env, key, client), task["question"])
 
-    env.run = run
-    env._wants = {"task", "endpoint"}
+    HarnessEnvironment.__init__(env, run, datasets=tasks_env, rewards=tasks_env.rewards, max_turns=tasks_env.max_turns)
     return env
 
 
-def rollout(generator: Any, fmt: Any, env: Any, tasks: list[dict[str, Any]], concurrency: int) -> tuple[list[Any], float]:
-    engine = RolloutEngine(generator, fmt, RolloutConfig(max_concurrent_episodes=concurrency), SamplingParams(temperature=1.0, seed=1))
+def rollout(
+    generator: Any, fmt: Any, env: Any, tasks: list[dict[str, Any]], concurrency: int
+) -> tuple[list[Any], float]:
+    engine = RolloutEngine(
+        generator, fmt, RolloutConfig(max_concurrent_episodes=concurrency), SamplingParams(temperature=1.0, seed=1)
+    )
 
     async def main() -> tuple[list[Any], float]:
         t0 = time.perf_counter()
@@ -153,6 +167,19 @@ def overheads(env: Timed) -> list[float]:
         gen = env.gen_s.get(key, [])
         out += [c - g for c, g in zip(client, gen)]
     return out
+
+
+def row(name: str, env: Timed, episodes: int, wall: float) -> str:
+    ov = overheads(env)
+    gen = [g for v in env.gen_s.values() for g in v]
+    own = env.endpoint_seconds()
+    engine = env.engine_s
+    ms = lambda v: f"{v * 1000:.2f}"  # noqa: E731
+    return (
+        f"| {name} | {episodes} | {len(ov)} | {ms(statistics.mean(gen))} | {ms(statistics.mean(ov))} | {ms(pct(ov, 0.5))} | "
+        f"{ms(pct(ov, 0.95))} | {ms(statistics.mean(own))} | {ms(pct(own, 0.5))} | {ms(pct(own, 0.95))} | "
+        f"{ms(statistics.mean(engine))} | {ms(statistics.mean(ov) - statistics.mean(own) - statistics.mean(engine))} | {episodes / wall:.2f} |"
+    )
 
 
 def pct(values: list[float], q: float) -> float:
@@ -180,10 +207,7 @@ def main() -> None:
     env = harness_env(tasks_env)
     trajs, wall = rollout(Replay(fmt, args.latency), fmt, env, tasks, args.episodes)
     assert all(t.ok for t in trajs), [t.error for t in trajs if not t.ok][:3]
-    ov = overheads(env)
-    gen = [g for v in env.gen_s.values() for g in v]
-    report(f"| replay ({args.latency * 1000:.0f} ms) | {args.episodes} | {len(ov)} | {statistics.mean(gen) * 1000:.1f} | "
-           f"{statistics.mean(ov) * 1000:.2f} | {pct(ov, 0.5) * 1000:.2f} | {pct(ov, 0.95) * 1000:.2f} | {args.episodes / wall:.1f} |")
+    report(row(f"replay ({args.latency * 1000:.0f} ms)", env, args.episodes, wall))
 
     # 2. The same with the bundled model, and the same agent as an Environment.
     torch.manual_seed(0)
@@ -192,10 +216,7 @@ def main() -> None:
     env = harness_env(tasks_env)
     trajs, wall_h = rollout(generator, fmt, env, tasks, args.episodes)
     assert all(t.ok for t in trajs), [t.error for t in trajs if not t.ok][:3]
-    ov = overheads(env)
-    gen = [g for v in env.gen_s.values() for g in v]
-    report(f"| bundled model | {args.episodes} | {len(ov)} | {statistics.mean(gen) * 1000:.1f} | "
-           f"{statistics.mean(ov) * 1000:.2f} | {pct(ov, 0.5) * 1000:.2f} | {pct(ov, 0.95) * 1000:.2f} | {args.episodes / wall_h:.2f} |")
+    report(row("bundled model", env, args.episodes, wall_h))
     turns_h = sum(len(t.turns) for t in trajs)
     reward_h = statistics.mean(t.reward for t in trajs)
     trajs_e, wall_e = rollout(generator, fmt, CalculatorEnv(), tasks, args.episodes)
@@ -205,23 +226,32 @@ def main() -> None:
     report("")
     report("| agent | episodes/s | turns | mean reward | wall s |")
     report("|---|---|---|---|---|")
-    report(f"| examples/openai_agent (HarnessEnvironment) | {args.episodes / wall_h:.2f} | {turns_h} | {reward_h:.3f} | {wall_h:.1f} |")
-    report(f"| CalculatorEnv (Environment) | {args.episodes / wall_e:.2f} | {turns_e} | {reward_e:.3f} | {wall_e:.1f} |")
+    report(
+        f"| examples/openai_agent (HarnessEnvironment) | {args.episodes / wall_h:.2f} | {turns_h} | {reward_h:.3f} | {wall_h:.1f} |"
+    )
+    report(
+        f"| CalculatorEnv (Environment) | {args.episodes / wall_e:.2f} | {turns_e} | {reward_e:.3f} | {wall_e:.1f} |"
+    )
     report(f"episodes with identical token sequences under both: {same} of {args.episodes}")
 
     if not args.no_write:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         load = os.getloadavg()[0]
         head = (
             f"\n### {stamp}, this {os.cpu_count()}-core CPU ({platform.processor() or platform.machine()}; load {load:.1f} at the end), "
             f"torch {torch.__version__}, at {commit}\n\n`python benchmarks/{Path(__file__).name} {shlex.join(sys.argv[1:])}`\n\n"
-            "| generator | concurrent episodes | requests | generate ms (mean) | overhead ms (mean) | p50 | p95 | episodes/s |\n"
-            "|---|---|---|---|---|---|---|---|\n"
+            "| generator | concurrent episodes | requests | generate ms (mean) | client-seen overhead ms (mean) | p50 | p95 | "
+            "endpoint's own ms (mean) | p50 | p95 | engine's per-turn work ms (mean) | the rest: openai client, loopback, loop ms (mean) | episodes/s |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         )
         results = ROOT / "benchmarks" / "RESULTS.md"
         text = results.read_text()
-        section = "## Harness endpoint: overhead per request, and the openai-client agent against an Environment (issue 46)\n"
+        section = (
+            "## Harness endpoint: overhead per request, and the openai-client agent against an Environment (issue 46)\n"
+        )
         if section not in text:
             text += "\n" + section
         results.write_text(text.rstrip("\n") + "\n" + head + "\n".join(lines) + "\n")

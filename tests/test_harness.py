@@ -244,6 +244,8 @@ def test_64_concurrent_harness_episodes(model, fmt):
     assert [t.messages[0]["content"] for t in trajs] == [task["question"] for task in batch]
     assert all(t.splits == 0 for t in trajs)
     assert env.stats["requests"] == sum(len(t.turns) for t in trajs) == len(engine.generator.calls)
+    own = env.endpoint_seconds()  # the server's own time per request, the wait for sampling left out
+    assert len(own) == env.stats["requests"] and all(0 <= s < 5 for s in own)
 
 
 async def hanging_agent(task, client):

@@ -31,7 +31,7 @@ import json
 import secrets
 import time
 import traceback
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -75,6 +75,8 @@ class Endpoint:
                 "a harness that takes `client` needs the openai package (pip install openai); "
                 "or take `endpoint` and build your own client"
             ) from None
+        if kwargs.get("http_client", ...) is None:
+            del kwargs["http_client"]
         return openai.AsyncOpenAI(
             base_url=self.base_url, api_key=self.api_key, **{"max_retries": 0, "timeout": None, **kwargs}
         )
@@ -99,7 +101,6 @@ class _Episode:
     inbox: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     pending: _Request | None = None
     harness: asyncio.Task[Any] | None = None
-    client: Any = None
     tools: list[dict[str, Any]] | None = None
     history: list[tuple[Any, ...]] = field(default_factory=list)  # canonical messages, as the harness sees them
     transcript: list[Message] = field(default_factory=list)  # the conversation as the model saw it
@@ -122,13 +123,15 @@ class _Hub:
         self.max_body_bytes = max_body_bytes
         self.servers: dict[asyncio.AbstractEventLoop, list[Any]] = {}  # loop -> [server, episodes using it, its start]
         self.episodes: dict[str, _Episode] = {}
+        self.http_clients: dict[asyncio.AbstractEventLoop, Any] = {}
+        self.own_s: deque[float] = deque(maxlen=100_000)
         self.stats: Counter[str] = Counter()
 
     async def acquire(self) -> int:
         loop = asyncio.get_running_loop()
         entry = self.servers.get(loop)
         if entry is None:  # the first episode on this loop starts the server; the others wait for it
-            server = LoopbackServer(self.token, self.handle, self.max_body_bytes)
+            server = LoopbackServer(self.token, self.handle, self.max_body_bytes, self.own_s)
             entry = self.servers[loop] = [server, 0, loop.create_task(server.start())]
         entry[1] += 1
         try:
@@ -145,30 +148,49 @@ class _Hub:
         if entry[1] == 0:
             del self.servers[loop]
             await entry[0].close()
+            http = self.http_clients.pop(loop, None)
+            if http is not None:
+                with contextlib.suppress(Exception):
+                    await http.aclose()
 
-    async def handle(self, key: str, route: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    def http_client(self) -> Any:
+        """One connection pool per loop for the clients agentrl builds: creating an HTTP client costs
+        ~0.15 s of CPU (it loads the CA store), paid once instead of once per episode."""
+        loop = asyncio.get_running_loop()
+        if loop not in self.http_clients:
+            try:
+                import openai
+            except ImportError:  # Endpoint.client says what to install
+                return None
+            self.http_clients[loop] = openai.DefaultAsyncHttpxClient()
+        return self.http_clients[loop]
+
+    async def handle(self, key: str, route: str, body: bytes) -> tuple[int, dict[str, Any], float]:
+        """(status, JSON body, seconds spent waiting for the episode's answer) for one request."""
         ep = self.episodes.get(key)
         if ep is None or ep.done:
-            return 404, error_body("no running episode has this key (it ended, or never existed)", "episode_not_found")
+            return 404, error_body("no running episode has this key (it ended, or never existed)", "episode_not_found"), 0.0
         if route == "models":
-            return 200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "agentrl"}]}
+            return 200, {"object": "list", "data": [{"id": MODEL_NAME, "object": "model", "owned_by": "agentrl"}]}, 0.0
         self.stats["requests"] += 1
         try:
             chat = parse_request(json.loads(body))
         except (ValueError, RecursionError) as exc:
             self.stats["rejected"] += 1
             if isinstance(exc, RequestError):
-                return exc.status, exc.body()
-            return 400, error_body(f"the body is not JSON: {exc}")
+                return exc.status, exc.body(), 0.0
+            return 400, error_body(f"the body is not JSON: {exc}"), 0.0
         if ep.pending is not None:
             self.stats["rejected"] += 1
             return 409, error_body(
                 "this episode already has a request in flight: one conversation, one request at a time"
-            )
+            ), 0.0
         answer: asyncio.Future[tuple[int, dict[str, Any]]] = ep.loop.create_future()
         ep.pending = _Request(chat, answer, time.perf_counter())
         ep.inbox.put_nowait(("request", ep.pending))
-        return await answer
+        t0 = time.perf_counter()
+        status, payload = await answer
+        return status, payload, time.perf_counter() - t0
 
 
 class HarnessEnvironment(Environment):
@@ -223,6 +245,12 @@ class HarnessEnvironment(Environment):
         ):
             if not value > 0:
                 raise ConfigError(f"HarnessEnvironment: {name} must be positive, got {value!r}")
+        if "client" in params:
+            try:
+                import openai  # noqa: F401
+            except ImportError:
+                raise ConfigError("HarnessEnvironment: run takes `client`, an openai.AsyncOpenAI, but the openai package is not installed "
+                                  "(pip install openai); or take `endpoint` and build your own client") from None
         self.run = run
         self._wants = {p for p in params if p in RUN_ARGS} | (
             set(RUN_ARGS) - {"client"} if any(v.kind is v.VAR_KEYWORD for v in params.values()) else set()
@@ -249,6 +277,11 @@ class HarnessEnvironment(Environment):
             raise KeyError(f"{type(self).__name__} has no {split!r} split; it has {sorted(self._datasets)}")
         return self._datasets[split]
 
+    def endpoint_seconds(self) -> list[float]:
+        """The endpoint's own time per request (the most recent 100,000): from the request read to
+        its answer written, less the time the episode took to sample the answer."""
+        return list(self._hub.own_s)
+
     @property
     def stats(self) -> dict[str, int]:
         """Counts over every episode of this environment: requests, rejected (answered with an
@@ -272,7 +305,7 @@ class HarnessEnvironment(Environment):
         endpoint = Endpoint(f"http://127.0.0.1:{port}/ep/{ep.key}/v1", self._hub.token)
         kwargs: dict[str, Any] = {"task": copy.deepcopy(ep.task), "seed": seed, "endpoint": endpoint}
         if "client" in self._wants:
-            ep.client = kwargs["client"] = endpoint.client()
+            kwargs["client"] = endpoint.client(http_client=self._hub.http_client())
         ep.harness = asyncio.ensure_future(self._drive({k: v for k, v in kwargs.items() if k in self._wants}, ep))
         kind, request = await self._next(ep, "its first request")
         if kind != "request":
@@ -503,9 +536,6 @@ class HarnessEnvironment(Environment):
             ep.harness.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(ep.harness), 1.0)
-        if ep.client is not None:
-            with contextlib.suppress(Exception):
-                await ep.client.close()
         await self._hub.release()
 
     def reward_context(self) -> dict[str, Any]:

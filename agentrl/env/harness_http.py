@@ -15,11 +15,13 @@ import asyncio
 import contextlib
 import hmac
 import json
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-# (status, JSON body) for a request to an episode: what an episode's handler returns.
-Handler = Callable[[str, str, bytes], Awaitable[tuple[int, dict[str, Any]]]]
+# (status, JSON body, seconds it waited for the episode) for a request: what the handler returns.
+Handler = Callable[[str, str, bytes], Awaitable[tuple[int, dict[str, Any], float]]]
 
 MAX_HEADER_BYTES = 32 * 1024
 HEADER_TIMEOUT_S = 30.0
@@ -49,10 +51,11 @@ class LoopbackServer:
     ``handler(key, route, body)`` answers a request to ``/ep/<key>/v1/<route>``; unknown keys get 404.
     """
 
-    def __init__(self, token: str, handler: Handler, max_body_bytes: int) -> None:
+    def __init__(self, token: str, handler: Handler, max_body_bytes: int, own_s: deque[float] | None = None) -> None:
         self._expected = f"Bearer {token}".encode()
         self._handler = handler
         self.max_body_bytes = max_body_bytes
+        self.own_s = own_s  # the server's own time per answered request (read to written, less the wait)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self.port = 0
@@ -151,6 +154,7 @@ class LoopbackServer:
             )
             return False
         body = await asyncio.wait_for(reader.readexactly(size), HEADER_TIMEOUT_S) if size else b""
+        start = time.perf_counter()
         path = target.split("?", 1)[0]
         parts = path.strip("/").split("/")
         if len(parts) < 4 or parts[0] != "ep" or parts[2] != "v1":
@@ -168,10 +172,12 @@ class LoopbackServer:
             )
             return not close
         try:
-            status, payload = await self._handler(parts[1], route, body)
+            status, payload, waited = await self._handler(parts[1], route, body)
         except Exception as exc:  # an endpoint bug must not take the connection's other requests with it
-            status, payload = 500, error_body(f"{type(exc).__name__}: {exc}")
+            status, payload, waited = 500, error_body(f"{type(exc).__name__}: {exc}"), 0.0
         await self._write(writer, status, payload, close)
+        if self.own_s is not None:
+            self.own_s.append(time.perf_counter() - start - waited)
         return not close
 
     async def _write(self, writer: asyncio.StreamWriter, status: int, payload: dict[str, Any], close: bool) -> None:
