@@ -298,9 +298,11 @@ class HarnessEnvironment(Environment):
     ) -> tuple[list[Message], dict[str, Any]]:
         if not isinstance(task, dict):
             raise HarnessError(f"{type(self).__name__}.reset needs a task (a dataset row), got {task!r:.100}")
+        if self._ep is not None:  # reset again without close: end the running episode first
+            await self.close()
         ep = _Episode(key=secrets.token_urlsafe(12), task=dict(task), loop=asyncio.get_running_loop())
-        self._ep = ep
         port = await self._hub.acquire()
+        self._ep = ep  # from here on close() releases the server
         self._hub.episodes[ep.key] = ep
         endpoint = Endpoint(f"http://127.0.0.1:{port}/ep/{ep.key}/v1", self._hub.token)
         kwargs: dict[str, Any] = {"task": copy.deepcopy(ep.task), "seed": seed, "endpoint": endpoint}
