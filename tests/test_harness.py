@@ -476,3 +476,21 @@ def test_bad_harness_definitions_are_config_errors():
         HarnessEnvironment(odd)
     with pytest.raises(ConfigError, match="request_timeout_s"):
         HarnessEnvironment(agent, request_timeout_s=0)
+
+
+def test_the_server_lives_as_long_as_its_episodes():
+    """No model: reset and step by hand, as the engine does; a second reset ends the first episode."""
+
+    async def main():
+        env = HarnessEnvironment(following_agent, request_timeout_s=5)
+        messages, _ = await env.reset({"question": "What is 2 + 3?"})
+        assert messages == [{"role": "user", "content": "What is 2 + 3?"}] and len(env._hub.servers) == 1
+        env._ep.usage = (10, 3)
+        step = await env.step({"role": "assistant", "content": "5"})
+        assert step.messages == [{"role": "user", "content": "Are you sure?"}] and not step.terminated
+        await env.reset({"question": "again"})  # the first episode is closed, its harness cancelled
+        assert len(env._hub.episodes) == 1 and env._hub.servers[asyncio.get_running_loop()][1] == 1
+        await env.close()
+        assert not env._hub.servers and not env._hub.episodes and not env._hub.http_clients
+
+    anyio.run(main)
