@@ -494,3 +494,87 @@ def test_the_server_lives_as_long_as_its_episodes():
         assert not env._hub.servers and not env._hub.episodes and not env._hub.http_clients
 
     anyio.run(main)
+
+
+def test_the_wire_shape_of_replies_and_requests():
+    from agentrl.env.harness_openai import RequestError, canonical, completion, parse_request
+
+    turn = {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "think",
+        "tool_calls": [
+            {
+                "id": "call_0_0",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}},
+            }
+        ],
+    }
+    reply = completion(turn, "stop", "m", 7, 5)
+    wire = reply["choices"][0]["message"]
+    assert reply["choices"][0]["finish_reason"] == "tool_calls" and reply["usage"] == {
+        "prompt_tokens": 7,
+        "completion_tokens": 5,
+        "total_tokens": 12,
+    }
+    assert wire == {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "think",
+        "tool_calls": [
+            {
+                "id": "call_0_0",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'},
+            }
+        ],
+    }
+    # Sent back re-serialised (other key order, no reasoning, SDK extras): the same message.
+    back = {
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "tool_calls": [
+            {
+                "id": "call_0_0",
+                "type": "function",
+                "function": {"arguments": '{ "expression":"2 + 3" }', "name": "calculator"},
+            }
+        ],
+    }
+    [parsed] = parse_request({"messages": [back]}).messages
+    assert canonical(parsed) == canonical(turn)
+    edited = {
+        **back,
+        "tool_calls": [
+            {
+                "id": "call_0_0",
+                "type": "function",
+                "function": {"arguments": '{"expression": "2 + 4"}', "name": "calculator"},
+            }
+        ],
+    }
+    assert canonical(parse_request({"messages": [edited]}).messages[0]) != canonical(turn)
+    request = parse_request(
+        {
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+            ],
+            "stop": "x",
+            "max_completion_tokens": 9,
+        }
+    )
+    assert (
+        request.messages == [{"role": "system", "content": "ab"}] and request.stop == ["x"] and request.max_tokens == 9
+    )
+    for bad, param in (
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "wat": 1}, "wat"),
+    ):
+        with pytest.raises(RequestError) as err:
+            parse_request(bad)
+        assert err.value.param == param
