@@ -29,6 +29,10 @@ def test_the_agent_shows_the_model_the_calculator_environments_tool():
     )
 
 
+def test_agentrl_check_passes_on_the_harness_environment():
+    assert main(["check", SPEC]) == 0
+
+
 def test_example_trains_two_steps_and_evaluates(tmp_path, capsys):
     run = tmp_path / "run"
     code = main(

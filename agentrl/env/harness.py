@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import inspect
 import json
+import random
 import secrets
 import time
 import traceback
@@ -40,7 +41,7 @@ from agentrl.core.errors import AgentrlError, ConfigError
 from agentrl.core.messages import Message, ParsedResponse
 from agentrl.core.records import ToolRecord
 from agentrl.core.step import StepResult
-from agentrl.env.environment import Environment, Reward, as_reward, reward_context
+from agentrl.env.environment import EnvError, Environment, Reward, as_reward, reward_context
 from agentrl.env.harness_http import LoopbackServer, error_body
 from agentrl.env.harness_openai import ChatRequest, RequestError, canonical, completion, parse_request
 from agentrl.env.harness_openai import _message as wire_to_message
@@ -296,6 +297,9 @@ class HarnessEnvironment(Environment):
     async def reset(
         self, task: dict[str, Any] | None = None, seed: int | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
+        if task is None:  # gym-style reset(seed=...): a task drawn from the train split, as ToolEnvironment does
+            data = self.dataset("train")
+            task = dict(data[random.Random(seed).randrange(len(data))])
         if not isinstance(task, dict):
             raise HarnessError(f"{type(self).__name__}.reset needs a task (a dataset row), got {task!r:.100}")
         if self._ep is not None:  # reset again without close: end the running episode first
@@ -394,7 +398,7 @@ class HarnessEnvironment(Environment):
             message = message.to_message()
         request = ep.pending
         if request is None or ep.done:
-            raise HarnessError("step called with no request of the harness waiting")
+            raise EnvError(f"{type(self).__name__}.step called with no request of the harness waiting (after the episode ended?)")
         shown = dict(message)
         if ep.stopped_on is not None:  # the API leaves the stop string out of the reply
             shown["content"] = (shown.get("content") or "").split(ep.stopped_on, 1)[0]
@@ -546,7 +550,7 @@ class HarnessEnvironment(Environment):
 
     def _episode(self) -> _Episode:
         if self._ep is None:
-            raise HarnessError(f"{type(self).__name__}: no running episode (call reset first)")
+            raise EnvError(f"{type(self).__name__}: no running episode (call reset first)")
         return self._ep
 
     def spawn(self) -> HarnessEnvironment:
