@@ -55,18 +55,21 @@ def test_example_trains_two_steps_and_evaluates(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_harness_agents_reward_rises(tmp_path):
-    """Held-out greedy accuracy of the harness agent before and after 20 small steps (bundled model)."""
+    """Held-out greedy accuracy of the harness agent before and after 45 steps of the calculator's
+    recipe before guidance (16 tasks x 8 episodes, per-turn credit), which gained 12-16 points as
+    ``env=calculator`` (tests/test_learning.py). Guidance needs demonstrations a harness does not have.
+    Smaller batches do not rise, for either path: at 8 x 4 for 20 steps both this agent and
+    ``env=calculator`` fell from 0.625 mean training reward at step 1 (benchmarks/RESULTS.md, issue 46).
+    """
     from agentrl.core.overrides import build, parse_overrides
     from agentrl.train.config import TrainConfig
     from agentrl.train.trainer import Trainer
 
-    steps, tasks = 20, 100
-    keys = [SPEC, f"max_steps={steps}", f"eval_every={steps}", f"eval_tasks={tasks}", "seed=0", "advantage=turn",
-            "learning_rate=5e-4", "prompts_per_step=8", "num_generations=4", f"output_dir={tmp_path}"]
+    steps, tasks = 45, 300
+    keys = [SPEC, f"max_steps={steps}", f"eval_every={steps}", f"eval_tasks={tasks}", "seed=0", "advantage=turn", f"output_dir={tmp_path}"]
     trainer = Trainer(build(TrainConfig, parse_overrides(keys)))
     trainer.train()
     before, after = trainer.eval_results[0], trainer.eval_results[steps]
     acc = lambda rewards: sum((r or 0) >= 1 for r in rewards) / tasks  # noqa: E731
-    mean = lambda rewards: sum(r or 0 for r in rewards) / tasks  # noqa: E731
-    print(f"harness agent: greedy accuracy {acc(before):.3f} -> {acc(after):.3f}, mean reward {mean(before):.3f} -> {mean(after):.3f}")
-    assert mean(after) > mean(before) + 0.05, (mean(before), mean(after), acc(before), acc(after))
+    print(f"harness agent: greedy accuracy {acc(before):.3f} -> {acc(after):.3f}")
+    assert acc(after) >= acc(before) + 0.05, (acc(before), acc(after))

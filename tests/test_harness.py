@@ -578,3 +578,15 @@ def test_the_wire_shape_of_replies_and_requests():
         with pytest.raises(RequestError) as err:
             parse_request(bad)
         assert err.value.param == param
+
+
+def test_reset_under_short_lived_loops_as_the_preflight_check_does():
+    """`agentrl train`'s preflight resets the environment under one `anyio.run` per task and never closes
+    it: each reset must release what the episode of an ended loop held (a KeyError before)."""
+    env = HarnessEnvironment(following_agent, request_timeout_s=5)
+    for i in range(2):
+        messages, _ = anyio.run(functools.partial(env.reset, task={"question": f"q{i}"}, seed=i))
+        assert messages == [{"role": "user", "content": f"q{i}"}]
+    assert len(env._hub.servers) == 1  # the first loop's server is gone, the second's held by its episode
+    anyio.run(env.close)
+    assert not env._hub.servers and not env._hub.episodes

@@ -138,21 +138,29 @@ class _Hub:
         try:
             await asyncio.shield(entry[2])
         except BaseException:
-            await self.release()
+            await self.release(loop)
             raise
         return entry[0].port
 
-    async def release(self) -> None:
-        loop = asyncio.get_running_loop()
-        entry = self.servers[loop]
+    async def release(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One episode on ``loop`` ended; the last one closes its server (at once when ``loop`` has
+        already ended, as when a check ran ``reset`` under a short-lived ``anyio.run``)."""
+        entry = self.servers.get(loop)
+        if entry is None:
+            return
         entry[1] -= 1
-        if entry[1] == 0:
-            del self.servers[loop]
-            await entry[0].close()
-            http = self.http_clients.pop(loop, None)
-            if http is not None:
-                with contextlib.suppress(Exception):
-                    await http.aclose()
+        if entry[1] > 0:
+            return
+        del self.servers[loop]
+        http = self.http_clients.pop(loop, None)
+        if loop is not asyncio.get_running_loop():
+            with contextlib.suppress(Exception):
+                entry[0].abandon()
+            return
+        await entry[0].close()
+        if http is not None:
+            with contextlib.suppress(Exception):
+                await http.aclose()
 
     def http_client(self) -> Any:
         """One connection pool per loop for the clients agentrl builds: creating an HTTP client costs
@@ -536,13 +544,14 @@ class HarnessEnvironment(Environment):
             return
         ep.done = True
         self._hub.episodes.pop(ep.key, None)
-        if ep.pending is not None and not ep.pending.answer.done():
-            ep.pending.answer.set_result((503, error_body("the episode ended", "episode_ended")))
-        if ep.harness is not None and not ep.harness.done():
-            ep.harness.cancel()
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(ep.harness), 1.0)
-        await self._hub.release()
+        if ep.loop is asyncio.get_running_loop():  # an episode whose loop has ended has nothing left to stop
+            if ep.pending is not None and not ep.pending.answer.done():
+                ep.pending.answer.set_result((503, error_body("the episode ended", "episode_ended")))
+            if ep.harness is not None and not ep.harness.done():
+                ep.harness.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(ep.harness), 1.0)
+        await self._hub.release(ep.loop)
 
     def reward_context(self) -> dict[str, Any]:
         ep = self._episode()

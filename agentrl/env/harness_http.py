@@ -77,6 +77,14 @@ class LoopbackServer:
             await self._server.wait_closed()
         self._server = None
 
+    def abandon(self) -> None:
+        """Stop listening without the event loop, which has ended (its connections ended with it)."""
+        if self._server is not None:
+            for sock in getattr(self._server, "_sockets", None) or ():
+                with contextlib.suppress(Exception):
+                    sock.close()
+            self._server = None
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:

@@ -1,6 +1,6 @@
 """Train ``agent.py``'s agent, unmodified, on the calculator's tasks with agentrl.
 
-    agentrl train env=examples/openai_agent/harness_env.py:CalculatorAgentEnv advantage=turn learning_rate=5e-4
+    agentrl train env=examples/openai_agent/harness_env.py:CalculatorAgentEnv advantage=turn
     agentrl eval  env=examples/openai_agent/harness_env.py:CalculatorAgentEnv model=runs/<run>/final
 
 During rollouts each episode calls ``solve`` with an ``openai.AsyncOpenAI`` client whose requests
