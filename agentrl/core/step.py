@@ -16,7 +16,12 @@ __all__ = ["StepResult"]
 class StepResult:
     """``messages`` (the environment's reply), ``reward``, ``terminated``, ``truncated`` and ``info``,
     as gym's ``step`` returns them (it unpacks as that 5-tuple), plus the typed parts the engine
-    records: reward ``rewards`` by component and the turn's ``tool_records``."""
+    records: reward ``rewards`` by component and the turn's ``tool_records``.
+
+    ``history``: the conversation goes on from these messages instead of the history plus
+    ``messages`` (an environment that rewrote earlier turns, such as a harness that edited what it
+    re-sends). The engine cannot bridge a rewrite in token space, so it starts a new sample from it
+    and counts a split."""
 
     messages: list[Message]
     reward: float
@@ -25,6 +30,7 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
     rewards: dict[str, float | None] = field(default_factory=dict)
     tool_records: list[ToolRecord] = field(default_factory=list)
+    history: list[Message] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.as_tuple())

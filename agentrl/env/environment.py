@@ -138,6 +138,15 @@ class Environment:
         """Answer one assistant turn. Every environment implements it."""
         raise NotImplementedError(f"{type(self).__name__} must implement step(message)")
 
+    async def sample(self, turn: Any, generate: Callable[..., Awaitable[Any]]) -> Any:
+        """Draw the next assistant turn: ``generate(turn.ids, turn.sampling)``, the policy's generator.
+
+        ``turn`` is the engine's ``TurnRequest``. An environment whose client sets per-turn limits
+        (``HarnessEnvironment``: a request's ``max_tokens`` and ``stop``) narrows them here; the
+        tokens still come from ``generate`` and go into the episode unchanged.
+        """
+        return await generate(turn.ids, turn.sampling)
+
     async def finish(self) -> tuple[float, dict[str, float | None]]:
         """Score an episode that the engine cut short (token or context budget).
 

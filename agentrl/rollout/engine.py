@@ -25,7 +25,7 @@ from typing import Any
 
 import anyio
 
-from agentrl.chat.base import ChatFormat
+from agentrl.chat.base import BridgeResult, ChatFormat
 from agentrl.core.step import StepResult
 from agentrl.core.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
 from agentrl.env.environment import Environment
@@ -146,7 +146,10 @@ class RolloutEngine:
         return traj
 
     async def _sample(self, turn: TurnRequest) -> Generation:
-        return await self.generator.generate(turn.ids, turn.sampling)
+        sample = getattr(turn.env, "sample", None)  # the environment may narrow a turn (a harness's max_tokens, stop)
+        if sample is None:  # a duck-typed environment without Environment's default
+            return await self.generator.generate(turn.ids, turn.sampling)
+        return await sample(turn, self.generator.generate)
 
     async def _episode(self, env: Environment, traj: Trajectory, turns: TurnSource) -> None:
         cfg, fmt = self.config, self.chat_format
@@ -215,8 +218,12 @@ class RolloutEngine:
                 traj.messages.extend(new)
                 return
 
-            bridge = fmt.bridge(traj.messages, new, sample.ids, tools)
-            traj.messages.extend(new)
+            if step.history is not None:  # the environment rewrote the conversation: no bridge can prove it
+                traj.messages = list(step.history)
+                bridge = BridgeResult(None, "the environment rewrote the conversation")
+            else:
+                bridge = fmt.bridge(traj.messages, new, sample.ids, tools)
+                traj.messages.extend(new)
             if bridge.proven:
                 env_ids = list(bridge.ids or [])
                 turn.bridge = "proven"
