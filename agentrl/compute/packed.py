@@ -59,7 +59,7 @@ class PackedRows:
 def packing_refusal(model: Any) -> str | None:
     """Why ``model`` cannot be trained on packed rows (one line), or None when it can."""
     if not hasattr(model, "get_decoder") and isinstance(getattr(model, "model", None), torch.nn.Module):
-        model = model.model  # the FSDP2 root (agentrl.compute.parallel.fsdp.ShardedPolicy) holds the causal LM
+        model = model.model  # the FSDP2 root (agentrl/compute/parallel/fsdp.py) holds the causal LM
     config = getattr(model, "config", None)
     name = getattr(config, "model_type", type(model).__name__)
     impl = getattr(config, "_attn_implementation", None)
