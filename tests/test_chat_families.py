@@ -43,6 +43,7 @@ def schema(name: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 TOOLS = [schema("get_weather", {"city": "Paris"}), schema("add", ARGS)]
+CASE_TOOLS = [*TOOLS, *(schema(name, {}) for name in ("f", "g", "h"))]  # the hand-written cases call f, g, h
 SYSTEM = {"role": "system", "content": "Be brief."}
 USER = {"role": "user", "content": "Weather in Paris, and add these?"}
 
@@ -397,7 +398,7 @@ def test_hand_written_malformed_outputs(family: tuple[Family, ChatFormat]) -> No
     fam, fmt = family
     parser = fmt.parser
     for text, kinds, n_calls in fam.cases:
-        result = parser.parse_with_tools(text, TOOLS)
+        result = parser.parse_with_tools(text, CASE_TOOLS)
         check_family_invariants(result)
         assert ({i.kind for i in result.issues}, len(result.tool_calls)) == (kinds, n_calls), (text, result.issues)
 

@@ -16,6 +16,7 @@ import re
 
 from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_object, loads
+from agentrl.chat.parsers.names import bad_name
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.chat.types import ParsedResponse, ParseIssue, ToolCall
 
@@ -50,6 +51,11 @@ class GptOssParser(ResponseParser):
                 content.append(chunk.strip())
                 continue
             header, _, body = chunk.partition(MESSAGE)
+            opens = [at for at in (header.find(CHANNEL), header.find("to="), header.find("<|constrain|>")) if at != -1]
+            before = header[: min(opens)].strip() if opens else ""
+            if before and before != "assistant":  # text outside any message: kept, and said so
+                issues.append(ParseIssue("text_outside_message", f"{where}: {before[:80]!r} before the message header"))
+                content.append(before)
             if MESSAGE in body:
                 issues.append(ParseIssue("stray_tag", f"{where}: {MESSAGE} twice"))
             channel = _CHANNEL.search(header)
@@ -75,6 +81,8 @@ class GptOssParser(ResponseParser):
 
     @staticmethod
     def _call(name: str, body: str, where: str) -> tuple[list[ToolCall], list[ParseIssue]]:
+        if (problem := bad_name(name, where)) is not None:
+            return [], [problem]
         value, err = loads(body.strip() or "{}")
         if err is not None:
             return [ToolCall(name, None, raw_arguments=body.strip(), error="bad_json")], [
