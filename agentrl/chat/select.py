@@ -54,8 +54,14 @@ def get_chat_format(
 def choose_template(tokenizer: Any, spec: FormatSpec, training_template: bool = True) -> tuple[str | None, str]:
     """(template to use, None = the tokenizer's; a description of the choice)."""
     own = getattr(tokenizer, "chat_template", None)
-    if spec.template is not None and (not own or not spec.writes_syntax(probe_template(tokenizer))):
-        why = "the tokenizer has no chat template" if not own else f"the tokenizer's template writes no {spec.parser!r} tool calls"
+    probe = probe_template(tokenizer) if own and spec.template is not None else None
+    if spec.template is not None and (probe is None or not spec.writes_syntax(probe) or not probe.tools_shown):
+        # A template that writes calls but never shows the schemas (DeepSeek V3.1's) cannot teach tool use.
+        why = (
+            "the tokenizer has no chat template" if probe is None
+            else f"the tokenizer's template writes no {spec.parser!r} tool calls" if not spec.writes_syntax(probe)
+            else "the tokenizer's template does not show the tool schemas (tools= is ignored)"
+        )  # fmt: skip
         return spec.template_text(), f"agentrl {spec.template} ({why})"
     why_own = "tokenizer"
     if spec.derive_training is not None and training_template and isinstance(own, str):

@@ -25,7 +25,7 @@ CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁en
 class DeepSeekV3Parser(ResponseParser):
     @classmethod
     def matches(cls, probe: TemplateProbe) -> bool:
-        return CALL_BEGIN in probe.tool_call_turn and probe.tool_name in probe.tool_call_turn
+        return f"{CALL_BEGIN}function{SEP}{probe.tool_name}" in probe.tool_call_turn  # V3.1 writes no "function"
 
     def parse(self, text: str) -> ParsedResponse:
         if not text.strip():
