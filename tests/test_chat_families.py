@@ -261,6 +261,17 @@ COHERE_TOKENS = ("<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|
                  "<|CHATBOT_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_ACTION|>", "<|END_ACTION|>",
                  "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>", "<|START_THINKING|>", "<|END_THINKING|>")
 COMMAND = '<|START_THINKING|><|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "f", "parameters": {"a": 1}}\n]<|END_ACTION|>'
+L4_TOKENS = ("<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>", "<|python_start|>", "<|python_end|>")
+# A Llama 4 tokenizer whose template shows no tools (no offline Llama 4 template writes calls): the
+# format supplies agentrl's pythonic template, found by Llama 4's header markers.
+L4_PLAIN = ("{{- bos_token }}{%- for m in messages %}{{- '<|header_start|>' + m.role + '<|header_end|>\\n\\n' + m.content"
+            " + '<|eot|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|header_start|>assistant<|header_end|>\\n\\n' }}"
+            "{%- endif %}")
+L4 = "[f(a=1, s='x y')]"
+GLM_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<arg_key>", "</arg_key>",
+              "<arg_value>", "</arg_value>", "/nothink")
+LFM_TOKENS = ("<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>", "<|tool_call_end|>",
+              "<|tool_response_start|>", "<|tool_response_end|>")
 MINIMAX_TOKENS = ("]~!b[", "]~b]", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>")
 MINIMAX = '<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</invoke>\n</minimax:tool_call>'
 FAMILIES |= {
@@ -334,6 +345,29 @@ FAMILIES |= {
         ("done<|END_ACTION|>", {"stray_tag"}, 0),
         ("", {"empty"}, 0),
     ]),
+    "llama4_pythonic": Family("llama4_pythonic", lambda p: tokenizer_with("llama3", L4_TOKENS, L4_PLAIN), False, valid=[
+        L4, "Sure.\n[f(a=[1, 2], o={\"k\": null}), g(flag=True, n=None, x=-2.5e3)]", "It is 42."], cases=[
+        (L4, set(), 1),
+        ("Let me check.\n[f(a=1), g(b='it\\'s')]", set(), 2),
+        ("<|python_start|>[f(a=1)]<|python_end|>", set(), 1),
+        ("Just text, [not a call] here.", set(), 0),
+        ("[f(a=1)", {"unclosed_tag"}, 1),
+        ("[f(a=1", {"bad_value"}, 1),
+        ("[f(a=x)]", {"bad_value"}, 1),
+        ("[f(a={1, 2})]", {"bad_value"}, 1),
+        ("[f(a=1, a=2)]", {"duplicate_parameter"}, 1),
+        ("[nope()]", {"undeclared_tool"}, 1),
+        ("[f()] and more", {"trailing_text"}, 1),
+        ("<|python_start|>[f()]", {"unclosed_tag"}, 1),
+        ("done<|python_end|>", {"stray_tag"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    # GLM-4.7 (GLM-5 keeps its markup) on its real template: calls without newlines, a derived training template.
+    "glm47": Family("glm4", lambda p: tokenizer_with("qwen3", GLM_TOKENS, llamacpp_template("GLM-4.7-Flash")), True,
+                    reasoning=True, valid=["hm</think><tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"]),
+    # LFM2.5 Instruct (llama.cpp's template): reasoning and calls in the content, keep_past_thinking derived on.
+    "lfm2_5_content": Family("lfm2_5_content", lambda p: tokenizer_with("qwen3", LFM_TOKENS, llamacpp_template(
+        "LFM2.5-Instruct"), bos="<|startoftext|>"), True, reasoning=True),
 }  # fmt: skip
 
 

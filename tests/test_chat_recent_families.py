@@ -34,6 +34,12 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[s
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("qwen3", COHERE, None, "command",
                                                       "training template derived from the tokenizer's", "WARN",
                                                       {"tool-call round trip"}),
+    "GLM-4.7-Flash": ("qwen3", ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+                                "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink"), None, "glm4",
+                      "training template derived from the tokenizer's", "PASS", set()),
+    "LFM2.5-Instruct": ("qwen3", ("<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
+                                  "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"), None,
+                        "lfm2_5_content", "training template derived from the tokenizer's", "PASS", set()),
     "ibm-granite-granite-4.0": ("qwen3", GRANITE, "<|end_of_text|>", "hermes", "tokenizer", "PASS", set()),
     "ibm-granite-granite-4.1": ("qwen3", GRANITE, "<|end_of_text|>", "hermes", "tokenizer", "PASS", set()),
 }  # fmt: skip
@@ -81,6 +87,42 @@ def test_unusable_real_templates_fail_with_their_cause(capsys: pytest.CaptureFix
     code, report = doctor_report(capsys, monkeypatch, name)
     text = json.dumps(report)
     assert code == 1 and report["status"] == "FAIL" and UNSUPPORTED[name][2] in text
+
+
+L4 = ("<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>", "<|python_start|>", "<|python_end|>")
+# No registry package ships a Llama 4 template: a Llama 4 tokenizer with a template that shows no tools
+# is recognised by its header markers and gets agentrl's pythonic template (docs/chat_formats.md).
+L4_PLAIN = ("{{- bos_token }}{%- for m in messages %}{{- '<|header_start|>' + m.role + '<|header_end|>\\n\\n' + m.content"
+            " + '<|eot|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|header_start|>assistant<|header_end|>\\n\\n' }}"
+            "{%- endif %}")
+
+
+def test_llama4_gets_the_documented_pythonic_template(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentrl.doctor as doctor_module
+
+    tok = tokenizer_with("llama3", L4, L4_PLAIN)
+    monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec: tok)
+    code = cli(["doctor", "model=llama4", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["chat_format"] == "llama4_pythonic" and report["template"].startswith("agentrl llama4_pythonic_tools.jinja")
+    assert report["status"] == "PASS" and code == 0, [c["summary"] for c in report["checks"]]
+
+
+def test_keep_past_thinking_derivation() -> None:
+    """LFM2.5 Instruct strips every assistant turn's reasoning but the last one's: the derived template
+    keeps it, and a fork without the switch keeps its own template and says why."""
+    from agentrl.chat.families_recent import derive_keep_past_thinking
+
+    original = llamacpp_template("LFM2.5-Instruct")
+    derived = derive_keep_past_thinking(original)
+    assert derived is not None and "keep_past_thinking | default(true)" in derived
+    assert derive_keep_past_thinking(original.replace("keep_past_thinking | default(false)", "false")) is None
+    tok = family_tokenizer("LFM2.5-Instruct")
+    history = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": "R1"},
+               {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "B", "reasoning_content": "R2"}]  # fmt: skip
+    kept = get_chat_format(tok).render_text(history, add_generation_prompt=False)
+    shipped = get_chat_format(tok, training_template=False).render_text(history, add_generation_prompt=False)
+    assert "<think>R1</think>" in kept and "<think>R1</think>" not in shipped and "<think>R2</think>" in shipped
 
 
 def test_deepseek_v31_template_renders_as_deepseeks_own() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from agentrl.chat.families import arguments_as_objects, mapping_arguments
+from agentrl.chat.families import arguments_as_objects, calls_into_content, mapping_arguments
 from agentrl.chat.formats import FormatSpec, register_format
 from agentrl.chat.training import random_conversations, training_template_problems
 
@@ -138,5 +138,70 @@ COMMAND = register_format(
             "text_beside_calls": "Command's templates write a turn with tool calls as thinking plus the action list; "
             "an answer text beside the calls is not rendered",
         },
+    )
+)
+LLAMA4_PYTHONIC = register_format(
+    FormatSpec(
+        name="llama4_pythonic",
+        parser="llama4_pythonic",
+        models="Llama 4 Scout / Maverick (pythonic [f(a=1), g()] calls)",
+        template="llama4_pythonic_tools.jinja",
+        markers=("<|header_start|>assistant<|header_end|>",),
+        adapt_messages=arguments_as_objects,
+        end_tokens=("<|eot|>", "<|eom|>"),
+    )
+)
+
+
+# LFM2.5 Instruct's template (llama.cpp's copy) renders only an assistant's content, where the model
+# writes its reasoning and calls, and strips the reasoning of every assistant turn but the last one
+# unless ``keep_past_thinking``: a turn is rewritten as soon as another assistant turn follows it.
+_KEEP_PAST = re.compile(r"keep_past_thinking\s*\|\s*default\(\s*false\s*\)")
+_CONTENT_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_BEFORE_END = re.compile(r"\s+(?=<\|im_end\|>)")
+
+
+def reasoning_and_calls_into_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """As :func:`calls_into_content`, with the turn's reasoning first, ``<think>...</think>``, as the
+    model writes it (these templates render only the content)."""
+    out = []
+    for m in calls_into_content(messages):
+        if m.get("role") == "assistant" and m.get("reasoning_content"):
+            m = {**m, "content": f"<think>{m['reasoning_content']}</think>" + (m.get("content") or "")}
+        out.append(m)
+    return out
+
+
+def derive_keep_past_thinking(original: str) -> str | None:
+    """The template with ``keep_past_thinking`` on by default (every turn keeps its reasoning); None
+    for a template without that switch."""
+    derived, n = _KEEP_PAST.subn("keep_past_thinking | default(true)", original)
+    return derived if n == 1 else None
+
+
+def _content_hidden(text: str) -> str:
+    """A render without reasoning blocks, and without the blanks the original trims where it cut one."""
+    return _BEFORE_END.sub("", _CONTENT_THINK.sub("", text))
+
+
+def verify_keep_past_thinking(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check on conversations written as the format renders them (reasoning and calls in the content)."""
+    conversations = [(reasoning_and_calls_into_content(m), t, {}) for m, t, _ in random_conversations(8, seed=0)]
+    problems = training_template_problems(
+        tokenizer, original, training, conversations, _content_hidden, limit=1, original_rewrites=True
+    )  # the original strips the previous turn's reasoning as soon as the next turn is rendered
+    return problems[0] if problems else None
+
+
+LFM25_CONTENT = register_format(
+    FormatSpec(
+        name="lfm2_5_content",
+        parser="lfm2",
+        models="LFM2.5 Instruct, template listing 'List of tools: [...]' (reasoning and calls written in the content)",
+        thinking=True,
+        adapt_messages=reasoning_and_calls_into_content,
+        prompt_markers=("List of tools: [",),
+        derive_training=derive_keep_past_thinking,
+        verify_training=verify_keep_past_thinking,
     )
 )

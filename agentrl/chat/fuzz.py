@@ -40,6 +40,8 @@ MARKUP: dict[str, list[str]] = {
                    '<parameter name="a">', "</parameter>", '"', ">", "\n", *_THINK],  # fmt: skip
     "command": ["<|START_ACTION|>", "<|END_ACTION|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>",
                 "<|END_RESPONSE|>", '[{"tool_call_id": "0", "tool_name": "f", "parameters": {', '"tool_name"', '"parameters"'],  # fmt: skip
+    "llama4_pythonic": ["\n[", "[f(", "f(a=", "a='", "'", "\\'", ")", "]", ", ", "=", "True", "None", "{", "\"",
+                        "<|python_start|>", "<|python_end|>"],  # fmt: skip
     "gemma4": ["<|tool_call>", "<tool_call|>", "<|tool_call>call:f{", "call:", '<|"|>', "a:", ":", ",", "{", "}", "[", "]",
                "true", "null", "<|channel>thought\n", "<channel|>", "<|tool_response>"],  # fmt: skip
 }

@@ -20,6 +20,7 @@ from agentrl.chat.parsers.hermes import HermesParser
 from agentrl.chat.parsers.kimi_k2 import KimiK2Parser
 from agentrl.chat.parsers.lfm2 import Lfm2Parser
 from agentrl.chat.parsers.llama3 import Llama3Parser
+from agentrl.chat.parsers.llama4_pythonic import Llama4PythonicParser
 from agentrl.chat.parsers.minimax_m2 import MiniMaxM2Parser
 from agentrl.chat.parsers.mistral import MistralParser
 from agentrl.chat.parsers.qwen3 import Qwen3Parser
@@ -34,6 +35,7 @@ __all__ = [
     "Glm4Parser",
     "GptOssParser",
     "Llama3Parser",
+    "Llama4PythonicParser",
     "Lfm2Parser",
     "MiniMaxM2Parser",
     "MistralParser",
