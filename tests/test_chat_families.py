@@ -272,6 +272,8 @@ GLM_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|
               "<arg_value>", "</arg_value>", "/nothink")
 LFM_TOKENS = ("<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>", "<|tool_call_end|>",
               "<|tool_response_start|>", "<|tool_response_end|>")
+DS32 = '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="false">1</｜DSML｜parameter>\n' \
+       '<｜DSML｜parameter name="s" string="true">x y</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>'
 MINIMAX_TOKENS = ("]~!b[", "]~b]", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>")
 MINIMAX = '<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</invoke>\n</minimax:tool_call>'
 FAMILIES |= {
@@ -368,6 +370,25 @@ FAMILIES |= {
     # LFM2.5 Instruct (llama.cpp's template): reasoning and calls in the content, keep_past_thinking derived on.
     "lfm2_5_content": Family("lfm2_5_content", lambda p: tokenizer_with("qwen3", LFM_TOKENS, llamacpp_template(
         "LFM2.5-Instruct"), bos="<|startoftext|>"), True, reasoning=True),
+    # DeepSeek V3.2 ships an encoder, no chat template: a tokenizer without one gets agentrl's.
+    "deepseek_v32": Family("deepseek_v32", lambda p: tokenizer_with("deepseek_v3", DS31_TOKENS, None), False,
+                           valid=[DS32, "Sure." + DS32, "hm</think>It is 42."], cases=[
+        (DS32, set(), 1),
+        ("Ok." + DS32.replace("</｜DSML｜function_calls>", '<｜DSML｜invoke name="g">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
+         set(), 2),
+        ("hm</think>" + DS32, set(), 1),
+        (DS32.replace("</｜DSML｜function_calls>", ""), {"unclosed_tag"}, 1),
+        (DS32.replace('string="false">1', 'string="false">{1'), {"bad_value"}, 1),
+        (DS32.replace('name="f"', 'name=""'), {"missing_name"}, 0),
+        (DS32.replace('name="f"', 'name="f g"'), {"bad_name"}, 0),
+        (DS32.replace('name="f"', 'name="nope"'), {"undeclared_tool"}, 1),
+        (DS32.replace('"add"', '"add"').replace('name="f"', 'name="add"').replace('name="a" string="false">1',
+         'name="int" string="false">"x"'), {"bad_value"}, 1),
+        (DS32 + " done", {"trailing_text"}, 1),
+        ("<｜DSML｜function_calls></｜DSML｜function_calls>", {"empty_call"}, 0),
+        ("done</｜DSML｜function_calls>", {"stray_tag"}, 0),
+        ("", {"empty"}, 0),
+    ]),
 }  # fmt: skip
 
 
@@ -546,7 +567,8 @@ def test_seeded_corruptions_never_raise(family: tuple[Family, ChatFormat]) -> No
                "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "```", "<|tool_call_start|>",
                "<|tool_call_end|>", "(", "'", "<|tool_call>", "<tool_call|>", '<|"|>', "{", ":", "<arg_key>",
                "</arg_value>", "<tool_call>", "<|eom|>", "<atem:invoke", "</atem:parameter>", "<invoke name=",
-               "</parameter>", "<minimax:tool_call>", "<|START_ACTION|>", "<|END_ACTION|>", '"tool_name"') if m in text]  # fmt: skip
+               "</parameter>", "<minimax:tool_call>", "<|START_ACTION|>", "<|END_ACTION|>", '"tool_name"', "<｜DSML｜invoke", "</｜DSML｜parameter>",
+               'string="') if m in text]  # fmt: skip
     kinds: set[str] = set()
     for _ in range(300):
         text = corrupt(rng.choice(fam.valid), rng)

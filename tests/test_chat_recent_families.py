@@ -48,6 +48,9 @@ UNSUPPORTED = {
     # Kimi K2 Instruct (0905) and Thinking call list.append, which transformers' sandbox refuses.
     "Kimi-K2-Instruct": ("qwen3", KIMI, "SecurityError"),
     "Kimi-K2-Thinking": ("qwen3", KIMI, "SecurityError"),
+    # llama.cpp's community V3.2 template (DeepSeek ships an encoder, no template): its non-thinking
+    # generation prompt "<think></think>" is not how it renders a turn ("</think>"), nor DeepSeek's encoder.
+    "deepseek-ai-DeepSeek-V3.2": ("deepseek_v3", ("<think>", "</think>"), "generation prompt is not a prefix"),
 }
 
 
@@ -105,6 +108,20 @@ def test_llama4_gets_the_documented_pythonic_template(capsys: pytest.CaptureFixt
     code = cli(["doctor", "model=llama4", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert report["chat_format"] == "llama4_pythonic" and report["template"].startswith("agentrl llama4_pythonic_tools.jinja")
+    assert report["status"] == "PASS" and code == 0, [c["summary"] for c in report["checks"]]
+
+
+def test_deepseek_v32_gets_the_documented_template(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A V3.2 tokenizer has no chat template (DeepSeek ships a Python encoder): chat_format=deepseek_v32
+    supplies agentrl's, written from that encoder's published format."""
+    import agentrl.doctor as doctor_module
+
+    tok = tokenizer_with("deepseek_v3", ("<think>", "</think>"), None)
+    tok.chat_template = None
+    monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec: tok)
+    code = cli(["doctor", "model=v32", "chat_format=deepseek_v32", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["template"].startswith("agentrl deepseek_v32_tools.jinja (the tokenizer has no chat template)")
     assert report["status"] == "PASS" and code == 0, [c["summary"] for c in report["checks"]]
 
 

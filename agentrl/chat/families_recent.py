@@ -205,3 +205,12 @@ LFM25_CONTENT = register_format(
         verify_training=verify_keep_past_thinking,
     )
 )
+DEEPSEEK_V32 = register_format(
+    FormatSpec(
+        name="deepseek_v32",
+        parser="deepseek_v32",
+        models="DeepSeek V3.2 (DSML <｜DSML｜invoke> calls)",
+        template="deepseek_v32_tools.jinja",
+        adapt_messages=mapping_arguments,
+    )
+)

@@ -42,6 +42,9 @@ MARKUP: dict[str, list[str]] = {
                 "<|END_RESPONSE|>", '[{"tool_call_id": "0", "tool_name": "f", "parameters": {', '"tool_name"', '"parameters"'],  # fmt: skip
     "llama4_pythonic": ["\n[", "[f(", "f(a=", "a='", "'", "\\'", ")", "]", ", ", "=", "True", "None", "{", "\"",
                         "<|python_start|>", "<|python_end|>"],  # fmt: skip
+    "deepseek_v32": ["<｜DSML｜function_calls>", "</｜DSML｜function_calls>", '<｜DSML｜invoke name="f">', "</｜DSML｜invoke>",
+                     '<｜DSML｜parameter name="a" string="true">', '<｜DSML｜parameter name="a" string="false">',
+                     "</｜DSML｜parameter>", "<｜DSML｜", '"', *_THINK],  # fmt: skip
     "gemma4": ["<|tool_call>", "<tool_call|>", "<|tool_call>call:f{", "call:", '<|"|>', "a:", ":", ",", "{", "}", "[", "]",
                "true", "null", "<|channel>thought\n", "<channel|>", "<|tool_response>"],  # fmt: skip
 }

@@ -13,6 +13,7 @@ from agentrl.chat.parsers.atem import AtemParser
 from agentrl.chat.parsers.command import CommandParser
 from agentrl.chat.parsers.deepseek_v3 import DeepSeekV3Parser
 from agentrl.chat.parsers.deepseek_v31 import DeepSeekV31Parser
+from agentrl.chat.parsers.deepseek_v32 import DeepSeekV32Parser
 from agentrl.chat.parsers.gemma4 import Gemma4Parser
 from agentrl.chat.parsers.glm4 import Glm4Parser
 from agentrl.chat.parsers.gpt_oss import GptOssParser
@@ -31,6 +32,7 @@ __all__ = [
     "CommandParser",
     "DeepSeekV3Parser",
     "DeepSeekV31Parser",
+    "DeepSeekV32Parser",
     "Gemma4Parser",
     "Glm4Parser",
     "GptOssParser",
