@@ -35,7 +35,7 @@ def reasoning_conversations(n: int) -> list[tuple[list[dict[str, Any]], Any, dic
     return out
 
 
-def verify_by_reasoning(tokenizer: Any, original: str, training: str) -> str | None:
+def verify_minimax_training(tokenizer: Any, original: str, training: str) -> str | None:
     """The Qwen3 check (trained turns identical, everything but reasoning identical, prefixes kept), on
     conversations whose every turn reasons: these prompts open ``<think>``, so a model always does."""
     problems = training_template_problems(tokenizer, original, training, reasoning_conversations(8), without_reasoning, limit=1)
@@ -51,6 +51,7 @@ def derive_minimax_training(original: str) -> str | None:
     derived, n = _MINIMAX_LAST_USER.subn(r"\1\2", original)
     return derived if n == 1 else None
 
+
 DEEPSEEK_V31 = register_format(
     FormatSpec(
         name="deepseek_v31",
@@ -60,6 +61,8 @@ DEEPSEEK_V31 = register_format(
         adapt_messages=arguments_as_objects,
     )
 )
+
+
 KIMI_K2 = register_format(
     FormatSpec(
         name="kimi_k2",
@@ -69,6 +72,8 @@ KIMI_K2 = register_format(
         end_tokens=("<|im_end|>",),
     )
 )
+
+
 MINIMAX_M2 = register_format(
     FormatSpec(
         name="minimax_m2",
@@ -78,7 +83,7 @@ MINIMAX_M2 = register_format(
         adapt_messages=mapping_arguments,
         end_tokens=("[e~[",),
         derive_training=derive_minimax_training,
-        verify_training=verify_by_reasoning,
+        verify_training=verify_minimax_training,
     )
 )
 # Command R7B's generation prompt closes an empty thinking block (thinking off by default), but its
@@ -140,6 +145,8 @@ COMMAND = register_format(
         },
     )
 )
+
+
 LLAMA4_PYTHONIC = register_format(
     FormatSpec(
         name="llama4_pythonic",
@@ -205,6 +212,8 @@ LFM25_CONTENT = register_format(
         verify_training=verify_keep_past_thinking,
     )
 )
+
+
 DEEPSEEK_V32 = register_format(
     FormatSpec(
         name="deepseek_v32",
