@@ -187,3 +187,10 @@ def test_deepseek_v3_refuses_a_json_object_as_a_function_name() -> None:
 def test_names_outside_the_grammar_are_bad_names(parser: str, text: str) -> None:
     result = get_parser(parser).parse(text)
     assert result.tool_calls == [] and "bad_name" in kinds(result), result
+
+
+def test_gpt_oss_empty_call_body_is_reported() -> None:
+    """Found by the corpus's streaming cut: a harmony call cut right after <|message|> ran with {}."""
+    result = get_parser("gpt_oss").parse("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>")
+    assert kinds(result) == {"empty_call"}
+    assert result.tool_calls[0].arguments is None and result.tool_calls[0].error == "empty_call"

@@ -83,7 +83,11 @@ class GptOssParser(ResponseParser):
     def _call(name: str, body: str, where: str) -> tuple[list[ToolCall], list[ParseIssue]]:
         if (problem := bad_name(name, where)) is not None:
             return [], [problem]
-        value, err = loads(body.strip() or "{}")
+        if not body.strip():  # harmony writes {} for no arguments: an empty body is a call cut short
+            return [ToolCall(name, None, raw_arguments="", error="empty_call")], [
+                ParseIssue("empty_call", f"{where} ({name}): no arguments written (a call with none writes {{}})")
+            ]
+        value, err = loads(body.strip())
         if err is not None:
             return [ToolCall(name, None, raw_arguments=body.strip(), error="bad_json")], [
                 ParseIssue("bad_json", f"{where} ({name}): {err}")
