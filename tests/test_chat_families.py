@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chat_fixtures import build_tiny_tokenizer, load_asset_tokenizer, tool_call, tool_result, trl_family_tokenizer
+from chat_fixtures import (
+    build_tiny_tokenizer,
+    llamacpp_template,
+    load_asset_tokenizer,
+    tokenizer_with,
+    tool_call,
+    tool_result,
+    trl_family_tokenizer,  # fmt: skip
+)
 from test_chat_parsers import ARGS, KNOWN_KINDS, check_invariants, corrupt, typed
 
 from agentrl.chat import ChatFormat, available_formats, detect_format, format_spec, get_chat_format, get_parser
@@ -43,6 +51,7 @@ def schema(name: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 TOOLS = [schema("get_weather", {"city": "Paris"}), schema("add", ARGS)]
+CASE_TOOLS = [*TOOLS, *(schema(name, {}) for name in ("f", "g", "h"))]  # the hand-written cases call f, g, h
 SYSTEM = {"role": "system", "content": "Be brief."}
 USER = {"role": "user", "content": "Weather in Paris, and add these?"}
 
@@ -246,6 +255,150 @@ FAMILIES = {
 }  # fmt: skip
 
 
+# ------------------------------------------------------------------ families added in issue 42
+# Real templates from llama.cpp's models/templates (tests/chat_fixtures.py); where no offline tokenizer
+# of the family exists, Qwen3's (or DeepSeek V3's) with the family's control tokens added.
+DS31_TOKENS = ("<think>", "</think>")  # DeepSeek V3.1's tokenizer is V3's with these two
+KIMI_TOKENS = ("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
+               "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+DS31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+KIMI = "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{\"a\": 1}<|tool_call_end|>" \
+       "<|tool_calls_section_end|>"
+COHERE_TOKENS = ("<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>",
+                 "<|CHATBOT_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_ACTION|>", "<|END_ACTION|>",
+                 "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>", "<|START_THINKING|>", "<|END_THINKING|>")
+COMMAND = '<|START_THINKING|><|END_THINKING|><|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "f", "parameters": {"a": 1}}\n]<|END_ACTION|>'
+L4_TOKENS = ("<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>", "<|python_start|>", "<|python_end|>")
+# A Llama 4 tokenizer whose template shows no tools (no offline Llama 4 template writes calls): the
+# format supplies agentrl's pythonic template, found by Llama 4's header markers.
+L4_PLAIN = ("{{- bos_token }}{%- for m in messages %}{{- '<|header_start|>' + m.role + '<|header_end|>\\n\\n' + m.content"
+            " + '<|eot|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|header_start|>assistant<|header_end|>\\n\\n' }}"
+            "{%- endif %}")
+L4 = "[f(a=1, s='x y')]"
+GLM_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<arg_key>", "</arg_key>",
+              "<arg_value>", "</arg_value>", "/nothink")
+LFM_TOKENS = ("<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>", "<|tool_call_end|>",
+              "<|tool_response_start|>", "<|tool_response_end|>")
+DS32 = '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="false">1</｜DSML｜parameter>\n' \
+       '<｜DSML｜parameter name="s" string="true">x y</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>'
+MINIMAX_TOKENS = ("]~!b[", "]~b]", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>")
+MINIMAX = '<minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</invoke>\n</minimax:tool_call>'
+FAMILIES |= {
+    "deepseek_v31": Family("deepseek_v31", lambda p: tokenizer_with("deepseek_v3", DS31_TOKENS, llamacpp_template(
+        "deepseek-ai-DeepSeek-V3.1")), False, valid=[DS31, "Sure." + DS31, "reasoning</think>It is 42."], cases=[
+        (DS31, set(), 1),
+        ("Ok." + DS31.replace("<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>g<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+         set(), 2),
+        ("hm</think>" + DS31, set(), 1),
+        (DS31.replace("<｜tool▁calls▁end｜>", ""), {"unclosed_tag"}, 1),
+        (DS31.replace('{"a": 1}', '{"a": }'), {"bad_json"}, 1),
+        (DS31.replace("f<｜tool▁sep｜>", "function<｜tool▁sep｜>f\n```json\n"), {"bad_json", "undeclared_tool"}, 1),  # V3 syntax
+        (DS31.replace("f<｜tool▁sep｜>", ""), {"missing_name"}, 0),
+        (DS31.replace("f<｜tool▁sep｜>", '{"f"}<｜tool▁sep｜>'), {"bad_name"}, 0),
+        (DS31.replace(">f<", ">nope<"), {"undeclared_tool"}, 1),
+        ("<｜tool▁calls▁begin｜><｜tool▁calls▁end｜>", {"empty_call"}, 0),
+        ("text <｜tool▁sep｜>", {"stray_tag"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    "kimi_k2": Family("kimi_k2", lambda p: tokenizer_with("qwen3", KIMI_TOKENS, llamacpp_template("moonshotai-Kimi-K2")),
+                      True, valid=[KIMI, "Sure." + KIMI, "<think>hm</think>It is 42."], cases=[
+        (KIMI, set(), 1),
+        ("Ok." + KIMI.replace("<|tool_calls_section_end|>", "<|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>{}"
+                              "<|tool_call_end|><|tool_calls_section_end|>"), set(), 2),
+        ("<think>hm</think>" + KIMI, set(), 1),
+        (KIMI.replace("<|tool_calls_section_end|>", ""), {"unclosed_tag"}, 1),
+        (KIMI.replace('{"a": 1}', '{"a": '), {"bad_json"}, 1),
+        (KIMI.replace("functions.f:0", "f"), {"bad_name"}, 0),
+        (KIMI.replace("<|tool_call_argument_begin|>", ""), {"missing_arguments"}, 0),
+        (KIMI.replace("functions.f:", "functions.nope:"), {"undeclared_tool"}, 1),
+        (KIMI + " done", {"trailing_text"}, 1),
+        ("<|tool_calls_section_begin|><|tool_calls_section_end|>", {"empty_call"}, 0),
+        ("done<|tool_call_end|>", {"stray_tag"}, 0),
+        ("<think>" + KIMI + "</think>No.", {"call_in_reasoning"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    "minimax_m2": Family("minimax_m2", lambda p: tokenizer_with("qwen3", MINIMAX_TOKENS, llamacpp_template("MiniMax-M2")),
+                         True, reasoning=True, valid=[MINIMAX, "hm\n</think>\n\nSure.\n" + MINIMAX, "hm\n</think>\n\n42"],
+                         cases=[
+        (MINIMAX, set(), 1),
+        ("Ok." + MINIMAX.replace("</invoke>\n</minimax", '</invoke>\n<invoke name="g">\n</invoke>\n</minimax'), set(), 2),
+        ("hm\n</think>\n\n" + MINIMAX, set(), 1),
+        (MINIMAX.replace("</minimax:tool_call>", ""), {"unclosed_tag"}, 1),
+        (MINIMAX.replace("</parameter>", ""), {"unclosed_tag"}, 1),
+        (MINIMAX.replace('<invoke name="f">', '<invoke name="">'), {"missing_name"}, 0),
+        (MINIMAX.replace('<invoke name="f">', "<invoke>"), {"missing_name"}, 0),
+        (MINIMAX.replace("</parameter>\n", '</parameter>\n<parameter name="a">2</parameter>\n'), {"duplicate_parameter"}, 1),
+        (MINIMAX.replace('"f"', '"add"').replace('"a">1', '"int">seven'), {"bad_value"}, 1),
+        (MINIMAX.replace('"f"', '"nope"'), {"undeclared_tool"}, 1),
+        (MINIMAX + " done", {"trailing_text"}, 1),
+        ("<minimax:tool_call></minimax:tool_call>", {"empty_call"}, 0),
+        ("done</minimax:tool_call>", {"stray_tag"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    "command": Family("command", lambda p: tokenizer_with("qwen3", COHERE_TOKENS, llamacpp_template(
+        "CohereForAI-c4ai-command-r7b-12-2024-tool_use")), True, valid=[COMMAND, "<|START_RESPONSE|>It is 42.<|END_RESPONSE|>",
+        "<|START_THINKING|>hm<|END_THINKING|><|START_RESPONSE|>42<|END_RESPONSE|>"], cases=[
+        (COMMAND, set(), 1),
+        (COMMAND.replace("}}\n]", '}}, {"tool_call_id": "1", "tool_name": "g", "parameters": {}}\n]'), set(), 2),
+        ("<|START_RESPONSE|>42<|END_RESPONSE|>", set(), 0),
+        ("plain 42", set(), 0),
+        (COMMAND.replace("<|END_ACTION|>", ""), {"unclosed_tag"}, 1),
+        (COMMAND.replace('{"a": 1}}', '{"a": 1}'), {"bad_json"}, 1),
+        (COMMAND.replace('"tool_name": "f", ', ""), {"missing_name"}, 0),
+        (COMMAND.replace('"f"', '"f g"'), {"bad_name"}, 0),
+        (COMMAND.replace('"f"', '"nope"'), {"undeclared_tool"}, 1),
+        (COMMAND.replace("[\n", "{\n"), {"not_a_list"}, 1),  # the name is salvaged: the model is told
+        ("<|START_THINKING|><|END_THINKING|><|START_ACTION|>[]<|END_ACTION|>", {"empty_call"}, 0),
+        (COMMAND + " done", {"trailing_text"}, 1),
+        ("<|START_RESPONSE|>42", {"unclosed_tag"}, 0),
+        ("done<|END_ACTION|>", {"stray_tag"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    "llama4_pythonic": Family("llama4_pythonic", lambda p: tokenizer_with("llama3", L4_TOKENS, L4_PLAIN), False, valid=[
+        L4, "Sure.\n[f(a=[1, 2], o={\"k\": null}), g(flag=True, n=None, x=-2.5e3)]", "It is 42."], cases=[
+        (L4, set(), 1),
+        ("Let me check.\n[f(a=1), g(b='it\\'s')]", set(), 2),
+        ("<|python_start|>[f(a=1)]<|python_end|>", set(), 1),
+        ("Just text, [not a call] here.", set(), 0),
+        ("[f(a=1)", {"unclosed_tag"}, 1),
+        ("[f(a=1", {"bad_value"}, 1),
+        ("[f(a=x)]", {"bad_value"}, 1),
+        ("[f(a={1, 2})]", {"bad_value"}, 1),
+        ("[f(a=1, a=2)]", {"duplicate_parameter"}, 1),
+        ("[nope()]", {"undeclared_tool"}, 1),
+        ("[f()] and more", {"trailing_text"}, 1),
+        ("<|python_start|>[f()]", {"unclosed_tag"}, 1),
+        ("done<|python_end|>", {"stray_tag"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+    # GLM-4.7 (GLM-5 keeps its markup) on its real template: calls without newlines, a derived training template.
+    "glm47": Family("glm4", lambda p: tokenizer_with("qwen3", GLM_TOKENS, llamacpp_template("GLM-4.7-Flash")), True,
+                    reasoning=True, valid=["hm</think><tool_call>f<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>"]),
+    # LFM2.5 Instruct (llama.cpp's template): reasoning and calls in the content, keep_past_thinking derived on.
+    "lfm2_5_content": Family("lfm2_5_content", lambda p: tokenizer_with("qwen3", LFM_TOKENS, llamacpp_template(
+        "LFM2.5-Instruct"), bos="<|startoftext|>"), True, reasoning=True),
+    # DeepSeek V3.2 ships an encoder, no chat template: a tokenizer without one gets agentrl's.
+    "deepseek_v32": Family("deepseek_v32", lambda p: tokenizer_with("deepseek_v3", DS31_TOKENS, None), False,
+                           valid=[DS32, "Sure." + DS32, "hm</think>It is 42."], cases=[
+        (DS32, set(), 1),
+        ("Ok." + DS32.replace("</｜DSML｜function_calls>", '<｜DSML｜invoke name="g">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>'),
+         set(), 2),
+        ("hm</think>" + DS32, set(), 1),
+        (DS32.replace("</｜DSML｜function_calls>", ""), {"unclosed_tag"}, 1),
+        (DS32.replace('string="false">1', 'string="false">{1'), {"bad_value"}, 1),
+        (DS32.replace('name="f"', 'name=""'), {"missing_name"}, 0),
+        (DS32.replace('name="f"', 'name="f g"'), {"bad_name"}, 0),
+        (DS32.replace('name="f"', 'name="nope"'), {"undeclared_tool"}, 1),
+        (DS32.replace('"add"', '"add"').replace('name="f"', 'name="add"').replace('name="a" string="false">1',
+         'name="int" string="false">"x"'), {"bad_value"}, 1),
+        (DS32 + " done", {"trailing_text"}, 1),
+        ("<｜DSML｜function_calls></｜DSML｜function_calls>", {"empty_call"}, 0),
+        ("done</｜DSML｜function_calls>", {"stray_tag"}, 0),
+        ("", {"empty"}, 0),
+    ]),
+}  # fmt: skip
+
+
 def test_every_format_has_a_family_here() -> None:
     assert {f.name for f in FAMILIES.values()} == set(available_formats())
 
@@ -287,6 +440,8 @@ def test_detected_by_behaviour(family: tuple[Family, ChatFormat]) -> None:
     fork = template.replace("\\n\\n", "\\n\\n\\n", 1).replace("{{- bos_token", "{{- 'Forked.\\n' ~ bos_token", 1)
     fork = fork.replace("<|im_start|>system\\n", "<|im_start|>system\\nForked.\\n", 1)
     fork = fork.replace("You may call one or more functions", "Forked. You may call one or more functions", 1)
+    fork = fork.replace("You are a helpful assistant", "You are a forked, helpful assistant", 1)  # Kimi K2
+    fork = fork if fork != template else fork.replace("You are", "Forked. You are", 1)  # Command R7B
     assert fork != template
     assert detect_format(fmt.tokenizer, fork) == expected
 
@@ -397,7 +552,7 @@ def test_hand_written_malformed_outputs(family: tuple[Family, ChatFormat]) -> No
     fam, fmt = family
     parser = fmt.parser
     for text, kinds, n_calls in fam.cases:
-        result = parser.parse_with_tools(text, TOOLS)
+        result = parser.parse_with_tools(text, CASE_TOOLS)
         check_family_invariants(result)
         assert ({i.kind for i in result.issues}, len(result.tool_calls)) == (kinds, n_calls), (text, result.issues)
 
@@ -416,9 +571,11 @@ def test_seeded_corruptions_never_raise(family: tuple[Family, ChatFormat]) -> No
     fam, fmt = family
     rng = random.Random(fam.name)
     markers = [m for text in fam.valid for m in ("<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "<function=",
-               "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "```", "<|tool_call_start|>",
+               "</parameter>", "<|channel|>", "<|message|>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "```", "<|tool_call_start|>",
                "<|tool_call_end|>", "(", "'", "<|tool_call>", "<tool_call|>", '<|"|>', "{", ":", "<arg_key>",
-               "</arg_value>", "<tool_call>", "<|eom|>", "<atem:invoke", "</atem:parameter>") if m in text]  # fmt: skip
+               "</arg_value>", "<tool_call>", "<|eom|>", "<atem:invoke", "</atem:parameter>", "<invoke name=",
+               "</parameter>", "<minimax:tool_call>", "<|START_ACTION|>", "<|END_ACTION|>", '"tool_name"', "<｜DSML｜invoke", "</｜DSML｜parameter>",
+               'string="') if m in text]  # fmt: skip
     kinds: set[str] = set()
     for _ in range(300):
         text = corrupt(rng.choice(fam.valid), rng)

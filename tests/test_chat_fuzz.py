@@ -257,6 +257,12 @@ MALFORMED_CALLS = {  # (prefix, one closed call the parser cannot use)
     "lfm2": ("", "<|tool_call_start|>x<|tool_call_end|>"), "gemma4": ("", "<|tool_call>x<tool_call|>"),
     "glm4": ("", "<tool_call>\n</tool_call>"),
     "atem": ("", " to=f<|message|><atem:function_calls><atem:invoke></atem:invoke></atem:function_calls><|eom|>"),
+    "deepseek_v31": ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>x<｜tool▁call▁end｜>"),
+    "deepseek_v32": ("", "<｜DSML｜function_calls>x</｜DSML｜function_calls>"),
+    "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_call_begin|>x<|tool_call_end|>"),
+    "minimax_m2": ("", "<minimax:tool_call>x</minimax:tool_call>"),
+    "command": ("<|START_ACTION|>[0", ", 0", "]<|END_ACTION|>"),  # one action list per turn: its entries are capped
+    "llama4_pythonic": ("[f()", ", f()"),  # one call list per turn: its calls are capped
 }  # fmt: skip
 
 
@@ -269,8 +275,8 @@ def test_malformed_calls_count_toward_the_cap(name: str) -> None:
     """glm4, gemma4 and lfm2 counted only good calls: 70,000 empty calls in 1 MB were 70,000 issues
     (1.4 s at 1 MB under load, past the 1 s target). Every attempt counts now, so the work and the
     issue list stay bounded whatever the output."""
-    prefix, unit = MALFORMED_CALLS[name]
-    result = get_parser(name).parse(prefix + unit * 20_000)
+    prefix, unit, *suffix = MALFORMED_CALLS[name]  # (a closing suffix where the family has one list per turn)
+    result = get_parser(name).parse(prefix + unit * 20_000 + "".join(suffix))
     check(result)
     assert len(result.issues) <= MAX_CALLS + 2
     assert "too_many_calls" in {i.kind for i in result.issues}

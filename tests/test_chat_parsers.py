@@ -16,7 +16,7 @@ KNOWN_KINDS = {
     "empty", "empty_call", "bad_json", "missing_name", "not_an_object", "arguments_not_object", "unclosed_tag",
     "stray_tag", "trailing_text", "text_between_calls", "multiple_calls", "tool_response_in_output",
     "reasoning_tag", "call_in_reasoning", "text_before_reasoning", "truncated", "tokens_after_end_of_turn",
-    "decode_error",
+    "decode_error", "bad_name", "undeclared_tool", "name_aliased", "text_outside_message",
 }  # fmt: skip
 
 CALL_F = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'

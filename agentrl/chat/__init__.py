@@ -9,6 +9,7 @@ from __future__ import annotations
 from importlib.resources import files
 
 from agentrl.chat import families as _families  # noqa: F401  (registers the built-in formats)
+from agentrl.chat import families_recent as _families_recent  # noqa: F401  (and those added in issue 42)
 from agentrl.chat.base import BridgeResult, ChatFormat
 from agentrl.chat.detect import detect_format
 from agentrl.chat.formats import FormatSpec, available_formats, format_spec, register_format

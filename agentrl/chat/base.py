@@ -78,10 +78,12 @@ class ChatFormat:
         # Families whose turn end is not what follows a plain reply (Llama's <|eom_id|>, GPT-OSS's
         # <|call|>/<|return|>, where <|end|> only closes one message of a turn) name them.
         self._end_tokens = tuple(end_tokens or ())
-        self._eot_ids, self._stop_ids = self._find_end_tokens()
-        self._guard = ContentGuard(tokenizer, chat_template)
         self._prompts: dict[Any, str] = {}  # template kwargs -> generation prompt text
         self._encoded: dict[str, list[int]] = {}  # piece of template text -> its ids (see encode)
+        # After the memo above: the end-token probe encodes, and an AttributeError there used to make
+        # every probe fall back to eos (Granite's <|end_of_text|> was never found).
+        self._eot_ids, self._stop_ids = self._find_end_tokens()
+        self._guard = ContentGuard(tokenizer, chat_template)
 
     def __repr__(self) -> str:
         return f"ChatFormat(name={self.name!r}, template={self.template_source!r}, eot={self.eot_token_ids})"

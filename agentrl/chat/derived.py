@@ -186,3 +186,57 @@ def verify_glm4_training(tokenizer: Any, original: str, training: str) -> str | 
         tokenizer, original, training, conversations, glm4_hidden, limit=1, turn_ends=GLM_STOPS
     )
     return problems[0] if problems else None
+
+
+# GLM-4.7 (and GLM-5, whose template keeps 4.7's markup) shows reasoning only after the last user
+# message unless ``clear_thinking=false``, writes a hidden turn's reasoning as a bare ``</think>``,
+# and, like GLM-4.5, writes no end of turn. The derived template keeps reasoning unless
+# ``clear_thinking=true`` is passed, and closes a final assistant turn with the model's stop token.
+_GLM47_CLEAR = re.compile(
+    r"\(\(clear_thinking is defined and not clear_thinking\) or loop\.index0 > ns\.last_user_index\) and reasoning_content"
+)
+_GLM47_TOOL_BRANCH = re.compile(r"(\{%-?\s*elif m\.role == 'tool'\s*-?%\})")
+
+
+def derive_glm47_training(original: str) -> str | None:
+    """GLM-4.7's template with every turn's reasoning kept (unless ``clear_thinking=true``) and a final
+    assistant turn closed by its stop token; None when the template is not one these patches fit."""
+    derived, kept = _GLM47_CLEAR.subn("(not (clear_thinking is defined and clear_thinking)) and reasoning_content", original)
+    derived, closed = _GLM47_TOOL_BRANCH.subn(lambda m: _GLM_STOP + m.group(1), derived)
+    return derived if kept == 1 and closed == 1 else None
+
+
+_GLM47_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def glm47_hidden(text: str) -> str:
+    """A GLM-4.7 render with every reasoning block written as it hides one (a bare ``</think>``) and no
+    stop token ending it."""
+    return _GLM_END.sub("", _GLM47_THINK.sub("</think>", text))
+
+
+def verify_glm47_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check on conversations that reason every turn (the prompt opens ``<think>``)."""
+    conversations = []
+    for messages, tools, _ in random_conversations(8, seed=0):
+        messages = [
+            {**m, "reasoning_content": "Think."} if m.get("role") == "assistant" and not m.get("reasoning_content") else m
+            for m in messages
+        ]
+        conversations.append((messages, tools, {}))
+    problems = training_template_problems(
+        tokenizer, original, training, conversations, glm47_hidden, limit=1, turn_ends=GLM_STOPS
+    )
+    return problems[0] if problems else None
+
+
+def derive_glm_training(original: str) -> str | None:
+    """GLM-4.5/4.6's derivation, else GLM-4.7's (and GLM-5's)."""
+    return derive_glm4_training(original) or derive_glm47_training(original)
+
+
+def verify_glm_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The check that fits the derivation :func:`derive_glm_training` applied."""
+    if derive_glm4_training(original) is not None:
+        return verify_glm4_training(tokenizer, original, training)
+    return verify_glm47_training(tokenizer, original, training)

@@ -26,9 +26,12 @@ PROBE_TOOLS = [
         },
     }
 ]
-_CALL = {"type": "function", "id": "call_probe", "function": {"name": PROBE_TOOL_NAME, "arguments": {"x": 7}}}
+# Nine alphanumeric characters: Mistral Nemo's template refuses any other call id, and a probe it
+# refuses would make the family look as if it wrote no tool calls at all.
+PROBE_CALL_ID = "callprobe"
+_CALL = {"type": "function", "id": PROBE_CALL_ID, "function": {"name": PROBE_TOOL_NAME, "arguments": {"x": 7}}}
 # Some real templates (DeepSeek V3) concatenate arguments as a string and want content None.
-_CALL_STR = {"type": "function", "id": "call_probe", "function": {"name": PROBE_TOOL_NAME, "arguments": '{"x": 7}'}}
+_CALL_STR = {"type": "function", "id": PROBE_CALL_ID, "function": {"name": PROBE_TOOL_NAME, "arguments": '{"x": 7}'}}
 
 
 def probe_template(tokenizer: Any, chat_template: str | None = None) -> TemplateProbe:

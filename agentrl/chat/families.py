@@ -8,12 +8,12 @@ from typing import Any
 from agentrl.chat.derived import (
     GLM_STOPS,
     derive_gemma4_training,
-    derive_glm4_training,
+    derive_glm_training,
     derive_lfm2_training,
     derive_nemotron_training,
     thinking_from_reasoning,
     verify_gemma4_training,
-    verify_glm4_training,
+    verify_glm_training,
     verify_lfm2_training,
     verify_nemotron_training,
 )
@@ -214,12 +214,12 @@ GLM4 = register_format(
     FormatSpec(
         name="glm4",
         parser="glm4",
-        models="GLM-4.5 / 4.6 (GLM-4 MoE: <arg_key>/<arg_value> calls)",
+        models="GLM-4.5 / 4.6 / 4.7, GLM-5 (GLM-4 MoE: <arg_key>/<arg_value> calls)",
         thinking=True,
         adapt_messages=mapping_arguments,
         end_tokens=GLM_STOPS,
-        derive_training=derive_glm4_training,
-        verify_training=verify_glm4_training,
+        derive_training=derive_glm_training,
+        verify_training=verify_glm_training,
     )
 )
 LFM2_CONTENT = register_format(

@@ -32,6 +32,19 @@ MARKUP: dict[str, list[str]] = {
              "</atem:parameter>", "\n"],  # fmt: skip
     "glm4": ["<tool_call>", "</tool_call>", "<tool_call>f\n", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
              "<arg_key>a</arg_key>", "\n", *_THINK],  # fmt: skip
+    "deepseek_v31": ["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
+                     "<｜tool▁sep｜>", "<｜tool▁call▁begin｜>f<｜tool▁sep｜>", "function<｜tool▁sep｜>", *_THINK],  # fmt: skip
+    "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>", "<|tool_call_end|>", "functions.f:0", "functions.", ":0", *_THINK],  # fmt: skip
+    "minimax_m2": ["<minimax:tool_call>", "</minimax:tool_call>", '<invoke name="f">', "<invoke name=", "</invoke>",
+                   '<parameter name="a">', "</parameter>", '"', ">", "\n", *_THINK],  # fmt: skip
+    "command": ["<|START_ACTION|>", "<|END_ACTION|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>",
+                "<|END_RESPONSE|>", '[{"tool_call_id": "0", "tool_name": "f", "parameters": {', '"tool_name"', '"parameters"'],  # fmt: skip
+    "llama4_pythonic": ["\n[", "[f(", "f(a=", "a='", "'", "\\'", ")", "]", ", ", "=", "True", "None", "{", "\"",
+                        "<|python_start|>", "<|python_end|>"],  # fmt: skip
+    "deepseek_v32": ["<｜DSML｜function_calls>", "</｜DSML｜function_calls>", '<｜DSML｜invoke name="f">', "</｜DSML｜invoke>",
+                     '<｜DSML｜parameter name="a" string="true">', '<｜DSML｜parameter name="a" string="false">',
+                     "</｜DSML｜parameter>", "<｜DSML｜", '"', *_THINK],  # fmt: skip
     "gemma4": ["<|tool_call>", "<tool_call|>", "<|tool_call>call:f{", "call:", '<|"|>', "a:", ":", ",", "{", "}", "[", "]",
                "true", "null", "<|channel>thought\n", "<channel|>", "<|tool_response>"],  # fmt: skip
 }

@@ -54,9 +54,16 @@ def get_chat_format(
 def choose_template(tokenizer: Any, spec: FormatSpec, training_template: bool = True) -> tuple[str | None, str]:
     """(template to use, None = the tokenizer's; a description of the choice)."""
     own = getattr(tokenizer, "chat_template", None)
-    if spec.template is not None and (not own or not spec.writes_syntax(probe_template(tokenizer))):
-        why = "the tokenizer has no chat template" if not own else f"the tokenizer's template writes no {spec.parser!r} tool calls"
+    probe = probe_template(tokenizer) if own and spec.template is not None else None
+    if spec.template is not None and (probe is None or not spec.writes_syntax(probe) or not probe.tools_shown):
+        # A template that writes calls but never shows the schemas (DeepSeek V3.1's) cannot teach tool use.
+        why = (
+            "the tokenizer has no chat template" if probe is None
+            else f"the tokenizer's template writes no {spec.parser!r} tool calls" if not spec.writes_syntax(probe)
+            else "the tokenizer's template does not show the tool schemas (tools= is ignored)"
+        )  # fmt: skip
         return spec.template_text(), f"agentrl {spec.template} ({why})"
+    why_own = "tokenizer"
     if spec.derive_training is not None and training_template and isinstance(own, str):
         derived = spec.derive_training(own)
         if derived is not None and derived != own:
@@ -64,10 +71,15 @@ def choose_template(tokenizer: Any, spec: FormatSpec, training_template: bool = 
             if problem is None:
                 return derived, "training template derived from the tokenizer's (every turn keeps its reasoning; verified)"
             return None, f"tokenizer (derived training template rejected: {problem})"
+        # Say why, so a fork that lost the switch is told apart from a template that needs no patch.
+        why_own = (
+            f"tokenizer (the {spec.name!r} training derivation does not apply: the template has none of the "
+            "switches or conditions it patches)"
+        )
     if spec.training_template is not None and training_template and own:
         training = spec.template_text(training=True) or ""
         problem = spec.verify_training(tokenizer, own, training) if spec.verify_training else None
         if problem is None:
             return training, f"training template {spec.training_template} (verified against the tokenizer's)"
         return None, f"tokenizer (training template rejected: {problem})"
-    return None, "tokenizer"
+    return None, why_own

@@ -65,7 +65,7 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
 
 
 def _tried_call(turn: Any) -> bool:
-    return any(issue["kind"] in ("bad_json", "missing_name", "unclosed_tag") for issue in turn.parse_issues)
+    return any(issue["kind"] in ("bad_json", "missing_name", "bad_name", "unclosed_tag") for issue in turn.parse_issues)
 
 
 def _mean(values: list[float] | list[int]) -> float:

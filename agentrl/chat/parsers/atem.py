@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
+from agentrl.chat.parsers.names import bad_name, check_declared
 from agentrl.chat.parsers.qwen3_xml import _convert, _param_types
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
@@ -27,7 +28,9 @@ from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 START, MESSAGE, END_MESSAGE = "<|start|>", "<|message|>", "<|eom|>"
 CALLS_OPEN, CALLS_CLOSE = "<atem:function_calls>", "</atem:function_calls>"
 INVOKE_CLOSE, PARAM_CLOSE = "</atem:invoke>", "</atem:parameter>"
-_SEPARATOR = re.compile(r"<\|eom\|>\s*(?:<\|start\|>\s*assistant)?|<\|start\|>\s*assistant")
+# Only <|eom|> ends a message: a header after a message that did not end (an answer quoting
+# "<|start|>assistant to=f") is text of that message, never a new one whose call would run.
+_SEPARATOR = re.compile(r"<\|eom\|>\s*(?:<\|start\|>\s*assistant)?")
 _RECIPIENT = re.compile(r"^\s*to=(\S+)\s*$")
 _INVOKE = re.compile(r'<atem:invoke name="([^"<>\n]*)">')
 _PARAM = re.compile(r'<atem:parameter name="([^"<>\n]*)">')
@@ -60,6 +63,8 @@ class AtemParser(ResponseParser):
                 issues.append(ParseIssue("missing_message_tag", f"{where}: no {MESSAGE} in {chunk.strip()[:80]!r}"))
                 content.append(chunk.strip())
                 continue
+            if START in body:
+                issues.append(ParseIssue("stray_tag", f"{where}: {START} inside a message that no {END_MESSAGE} ended (kept as its text)"))
             recipient = _RECIPIENT.match(header)
             to = recipient.group(1) if recipient else None
             if to is None:
@@ -72,12 +77,27 @@ class AtemParser(ResponseParser):
                 got, more = _calls(body, to, where, types, MAX_CALLS - len(calls))
                 calls += got
                 issues += more
-        return ParsedResponse(
+        result = ParsedResponse(
             content="\n\n".join(c for c in content if c),
             reasoning="\n\n".join(reasoning) if reasoning else None,
             tool_calls=calls,
             issues=issues,
         )
+        return check_declared(result, tools, alias=namespace_alias)
+
+
+def without_namespace(name: str) -> str:
+    """``get_weather.get_weather`` -> ``get_weather``: Muse Glimmer advertises every tool's namespace
+    (its name up to the first dot) as ``NS.*`` recipients, so a model writes an undotted tool with
+    its namespace in front; a name whose prefix is not its own namespace is kept."""
+    ns, dot, rest = name.partition(".")
+    return rest if dot and rest.split(".", 1)[0] == ns else name
+
+
+def namespace_alias(name: str, declared: set[str]) -> str | None:
+    """The declared tool ``name`` means once its repeated namespace is dropped, if any."""
+    bare = without_namespace(name)
+    return bare if bare != name and bare in declared else None
 
 
 def _calls(body: str, to: str, where: str, types: dict[str, dict[str, Any]], room: int) -> tuple[list[ToolCall], list[ParseIssue]]:
@@ -107,9 +127,13 @@ def _calls(body: str, to: str, where: str, types: dict[str, dict[str, Any]], roo
         if not name:
             issues.append(ParseIssue("missing_name", f"{where}: an <atem:invoke> without a name"))
             continue
-        if name != to:
+        if (problem := bad_name(name, where)) is not None:
+            issues.append(problem)
+            continue
+        if without_namespace(name) != without_namespace(to):
             issues.append(ParseIssue("recipient_mismatch", f"{where}: addressed to {to!r} but invokes {name!r}"))
-        call, more = _arguments(inner[invoke.end() : close], name, where, types.get(name, {}))
+        kinds = types.get(name) or types.get(without_namespace(name), {})
+        call, more = _arguments(inner[invoke.end() : close], name, where, kinds)
         calls.append(call)
         issues += more
     return calls, issues

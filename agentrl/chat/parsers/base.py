@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from agentrl.chat.parsers.names import check_declared
 from agentrl.core.messages import ParsedResponse, ParseIssue
 
 # No real turn makes hundreds of calls; a hostile one may write a million openers. Past this many
@@ -59,8 +60,9 @@ class ResponseParser(ABC):
         """Parse ``text``; report problems as issues, never raise."""
 
     def parse_with_tools(self, text: str, tools: Sequence[dict[str, Any]] | None) -> ParsedResponse:
-        """Parse knowing the tool schemas of the prompt; only untyped-argument syntaxes need them."""
-        return self.parse(text)
+        """Parse knowing the tool schemas of the prompt: untyped-argument syntaxes take argument types
+        from them, and every family reports a call to a tool the prompt never declared."""
+        return check_declared(self.parse(text), tools)
 
     @classmethod
     def matches(cls, probe: TemplateProbe) -> bool:

@@ -12,6 +12,7 @@ import json
 import re
 from typing import Any
 
+from agentrl.chat.parsers.names import bad_name
 from agentrl.core.messages import ParseIssue, ToolCall
 
 # strict=False: literal newlines/tabs inside strings (common when models write code) are accepted;
@@ -110,6 +111,8 @@ def call_from_object(obj: Any, where: str) -> tuple[ToolCall | None, list[ParseI
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
         return None, [ParseIssue("missing_name", f"{where}: no string 'name' in {_short(json.dumps(obj))}")]
+    if (problem := bad_name(name, where)) is not None:
+        return None, [problem]
     call_id = obj.get("id") if isinstance(obj.get("id"), str) else None
     key = next((k for k in ARGUMENT_KEYS if k in obj), None)
     args: Any = obj[key] if key else {}
@@ -145,6 +148,8 @@ def call_from_json(text: str, where: str) -> tuple[ToolCall | None, list[ParseIs
     name = salvage_name(body)
     if name is None:
         return None, [ParseIssue("bad_json", f"{where}: {err}; no tool name could be recovered")]
+    if (problem := bad_name(name, where)) is not None:
+        return None, [ParseIssue("bad_json", f"{where}: {err}"), problem]
     raw = salvage_arguments(body)
     call = ToolCall(name, None, raw_arguments=body if raw is None else raw, error="bad_json")
     return call, [ParseIssue("bad_json", f"{where} ({name}): {err}")]

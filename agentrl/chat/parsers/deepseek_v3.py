@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_object, loads
+from agentrl.chat.parsers.names import bad_name
 from agentrl.chat.parsers.reasoning import split_reasoning
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
@@ -24,7 +25,7 @@ CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁en
 class DeepSeekV3Parser(ResponseParser):
     @classmethod
     def matches(cls, probe: TemplateProbe) -> bool:
-        return CALL_BEGIN in probe.tool_call_turn and probe.tool_name in probe.tool_call_turn
+        return f"{CALL_BEGIN}function{SEP}{probe.tool_name}" in probe.tool_call_turn  # V3.1 writes no "function"
 
     def parse(self, text: str) -> ParsedResponse:
         if not text.strip():
@@ -77,11 +78,15 @@ class DeepSeekV3Parser(ResponseParser):
         body = piece if end == -1 else piece[:end]
         if SEP not in body:
             return None, [*issues, ParseIssue("missing_name", f"{where}: no {SEP} before the function name")]
-        _, _, after = body.partition(SEP)
+        kind, _, after = body.partition(SEP)
         name, _, args = after.partition("\n")
         name = name.strip()
         if not name:
             return None, [*issues, ParseIssue("missing_name", f"{where}: empty function name")]
+        if (problem := bad_name(name, where)) is not None:
+            if kind.strip() != "function" and bad_name(kind.strip(), where) is None:
+                problem.detail += f" (DeepSeek V3.1 writes NAME{SEP}ARGUMENTS: chat_format=deepseek_v31 reads it)"
+            return None, [*issues, problem]
         args = args.strip()
         if args.startswith("```"):
             args = args[3:]

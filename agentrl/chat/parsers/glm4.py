@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
+from agentrl.chat.parsers.names import bad_name, check_declared
 from agentrl.chat.parsers.qwen3_xml import _convert, _param_types
 from agentrl.chat.parsers.reasoning import split_calls
 from agentrl.chat.parsers.registry import register_parser
@@ -73,7 +74,7 @@ class Glm4Parser(ResponseParser):
             if gap.strip():
                 kind = "trailing_text" if pos == -1 else "text_between_calls"
                 issues.append(ParseIssue(kind, f"after {where}: {gap.strip()[:80]!r}"))
-        return ParsedResponse(content=content.strip(), reasoning=split.reasoning, tool_calls=calls, issues=issues)
+        return check_declared(ParsedResponse(content=content.strip(), reasoning=split.reasoning, tool_calls=calls, issues=issues), tools)
 
 
 def _outside_values(finder: Finder, tag: str, start: int) -> int:
@@ -99,6 +100,8 @@ def _call(body: str, where: str, types: dict[str, dict[str, Any]]) -> tuple[Tool
     if name_match is None:
         return None, [ParseIssue("missing_name", f"{where}: no function name before the arguments: {head.strip()[:60]!r}")]
     name = name_match.group(1)
+    if (problem := bad_name(name, where)) is not None:
+        return None, [problem]
     kinds = types.get(name, {})
     args: dict[str, Any] = {}
     issues: list[ParseIssue] = []

@@ -16,6 +16,7 @@ import re
 
 from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_object, loads
+from agentrl.chat.parsers.names import bad_name
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
@@ -50,6 +51,11 @@ class GptOssParser(ResponseParser):
                 content.append(chunk.strip())
                 continue
             header, _, body = chunk.partition(MESSAGE)
+            opens = [at for at in (header.find(CHANNEL), header.find("to="), header.find("<|constrain|>")) if at != -1]
+            before = header[: min(opens)].strip() if opens else ""
+            if before and before != "assistant":  # text outside any message: kept, and said so
+                issues.append(ParseIssue("text_outside_message", f"{where}: {before[:80]!r} before the message header"))
+                content.append(before)
             if MESSAGE in body:
                 issues.append(ParseIssue("stray_tag", f"{where}: {MESSAGE} twice"))
             channel = _CHANNEL.search(header)
@@ -75,7 +81,13 @@ class GptOssParser(ResponseParser):
 
     @staticmethod
     def _call(name: str, body: str, where: str) -> tuple[list[ToolCall], list[ParseIssue]]:
-        value, err = loads(body.strip() or "{}")
+        if (problem := bad_name(name, where)) is not None:
+            return [], [problem]
+        if not body.strip():  # harmony writes {} for no arguments: an empty body is a call cut short
+            return [ToolCall(name, None, raw_arguments="", error="empty_call")], [
+                ParseIssue("empty_call", f"{where} ({name}): no arguments written (a call with none writes {{}})")
+            ]
+        value, err = loads(body.strip())
         if err is not None:
             return [ToolCall(name, None, raw_arguments=body.strip(), error="bad_json")], [
                 ParseIssue("bad_json", f"{where} ({name}): {err}")

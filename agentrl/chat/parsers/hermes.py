@@ -50,9 +50,20 @@ def _scan_call(finder: Finder, body_start: int) -> tuple[str, int, bool]:
 
 
 def writes_hermes_calls(probe: TemplateProbe) -> bool:
-    """The template writes ``<tool_call>`` + a JSON object (not, e.g., Qwen3.5's XML parameters)."""
-    pattern = re.escape(OPEN) + r'\s*\{\s*"name"\s*:\s*"' + re.escape(probe.tool_name) + '"'
-    return re.search(pattern, probe.tool_call_turn) is not None
+    """The template writes ``<tool_call>`` + a JSON object naming the probe tool (not, e.g., Qwen3.5's
+    XML parameters), whatever the key order: Hermes-2-Pro writes ``{"arguments": ..., "name": ...}``.
+    The object need not decode: a template that writes broken arguments is detected, and its round
+    trip then fails with the parser's issue, which says more than "not detected"."""
+    text = probe.tool_call_turn
+    name = re.compile(r'"name"\s*:\s*"' + re.escape(probe.tool_name) + '"')
+    at = text.find(OPEN)
+    while at != -1:
+        end = text.find(CLOSE, at)
+        body = text[at + len(OPEN) : len(text) if end == -1 else end]
+        if body.lstrip().startswith("{") and name.search(body):
+            return True
+        at = text.find(OPEN, at + len(OPEN))
+    return False
 
 
 @register_parser("hermes")

@@ -12,11 +12,13 @@ A string holding ``', name=`` cannot be told from two arguments: that is the fam
 from __future__ import annotations
 
 import ast
+import math
 import re
 from typing import Any
 
 from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import MAX_DEPTH, raw_decode, too_deep
+from agentrl.chat.parsers.names import json_value
 from agentrl.chat.parsers.reasoning import split_reasoning
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
@@ -170,7 +172,8 @@ def _value(text: str, i: int) -> tuple[Any, int, str | None]:
             return None, i, f"not a literal: {type(exc).__name__}"
         if too_deep(value):
             return None, i, f"nested more than {MAX_DEPTH} levels"
-        return value, end, None
+        value, problem = json_value(value)  # a Python literal may be a set, bytes, a complex number
+        return (None, i, problem) if problem is not None else (value, end, None)
     bare = _BARE.match(text, i)
     token = bare.group(0).strip() if bare else ""
     end = bare.end() if bare else i
@@ -181,9 +184,12 @@ def _value(text: str, i: int) -> tuple[Any, int, str | None]:
     except ValueError:
         pass
     try:
-        return float(token), end, None
+        number = float(token)
     except ValueError:
         return None, i, f"{token[:40]!r} is not a value"
+    if not math.isfinite(number):  # float() reads 'nan' and 'inf', which JSON has no form for
+        return None, i, f"{token[:40]!r} is not a JSON number"
+    return number, end, None
 
 
 def _string_end(text: str, at: int, quote: str, escaped: bool) -> int | None:

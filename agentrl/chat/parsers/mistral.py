@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import call_from_json, call_from_object, loads, raw_decode
+from agentrl.chat.parsers.names import bad_name
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 
@@ -85,6 +86,8 @@ class MistralParser(ResponseParser):
         name = name.strip()
         if not name:
             return [], [ParseIssue("missing_name", f"{where}: no function name before {ARGS}")]
+        if (problem := bad_name(name, where)) is not None:
+            return [], [problem]
         decoded = raw_decode(body, len(body) - len(body.lstrip()))
         if decoded is None:
             _, err = loads(body)

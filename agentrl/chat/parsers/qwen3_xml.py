@@ -22,6 +22,7 @@ from typing import Any
 
 from agentrl.chat.parsers.base import MAX_CALLS, Finder, ResponseParser, TemplateProbe, too_many_calls
 from agentrl.chat.parsers.calls import loads
+from agentrl.chat.parsers.names import bad_name, check_declared, coerce, schema_kinds
 from agentrl.chat.parsers.reasoning import split_calls
 from agentrl.chat.parsers.registry import register_parser
 from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
@@ -46,8 +47,13 @@ def _param_types(tools: Sequence[dict[str, Any]] | None) -> dict[str, dict[str, 
 
 
 def _convert(raw: str, kind: Any) -> tuple[Any, str | None]:
-    """The value of a parameter's text given its schema type; (value, problem or None)."""
-    kinds = set(kind) if isinstance(kind, list) else {kind} if kind else set()
+    """The value of a parameter's text given its schema type; (value, problem or None).
+
+    A value of another type than declared is coerced where that is unambiguous (``"42"`` or
+    ``42.0`` for an integer) and is a problem otherwise (``3.5`` for an integer), never passed on
+    silently: the tool would receive a type its schema excludes.
+    """
+    kinds = schema_kinds(kind)
     if kinds == {"string"}:
         return raw, None
     text = raw.strip()
@@ -61,7 +67,8 @@ def _convert(raw: str, kind: Any) -> tuple[Any, str | None]:
             return raw, f"{text[:40]!r} is not a {'/'.join(sorted(kinds))}"
     if "string" in kinds and value is not None:  # a union with string: keep the text as written
         return raw, None
-    return value, None
+    value, problem = coerce(value, kinds)
+    return (raw, problem) if problem is not None else (value, None)
 
 
 @register_parser("qwen3_xml")
@@ -107,7 +114,7 @@ class Qwen3XmlParser(ResponseParser):
                 kind = "trailing_text" if pos == -1 else "text_between_calls"
                 issues.append(ParseIssue(kind, f"after {where}: {gap.strip()[:80]!r}"))
             index += 1
-        return ParsedResponse(content=content.strip(), reasoning=split.reasoning, tool_calls=calls, issues=issues)
+        return check_declared(ParsedResponse(content=content.strip(), reasoning=split.reasoning, tool_calls=calls, issues=issues), tools)
 
     @staticmethod
     def _call(body: str, where: str, types: dict[str, dict[str, Any]]) -> tuple[ToolCall | None, list[ParseIssue]]:
@@ -117,6 +124,8 @@ class Qwen3XmlParser(ResponseParser):
             kind = "empty_call" if not body.strip() else "missing_name"
             return None, [ParseIssue(kind, f"{where}: no <function=name> in {body.strip()[:80]!r}")]
         name = match.group(1).strip()
+        if (problem := bad_name(name, where)) is not None:
+            return None, [problem]
         if body[: match.start()].strip():
             issues.append(ParseIssue("trailing_text", f"{where}: text before <function=>"))
         fn_end = body.find("</function>", match.end())

@@ -1,0 +1,193 @@
+"""The tool-calling families added in issue 42, on their real templates (llama.cpp's copies, fetched by
+scripts/fetch_test_assets.py): the format chosen, the template used and `agentrl doctor`'s verdict.
+
+No offline tokenizer of these families exists (DeepSeek V3.1's is V3's plus two tokens): each template
+runs on Qwen3's (or DeepSeek V3's) tokenizer with the family's control tokens added, as
+tests/chat_fixtures.py does for TRL's templates. Each WARN names a declared limitation of the family.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from chat_fixtures import assets_dir, llamacpp_template, load_asset_tokenizer, tokenizer_with
+
+from agentrl.chat import get_chat_format
+from agentrl.chat.formats import read_template
+from agentrl.cli.main import main as cli
+
+KIMI = ("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+COHERE = ("<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>",
+          "<|CHATBOT_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_ACTION|>", "<|END_ACTION|>",
+          "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>", "<|START_THINKING|>", "<|END_THINKING|>")
+GRANITE = ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>")
+# template -> (base tokenizer, added control tokens, eos, format, template used (prefix), doctor status, warned checks)
+EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[str]]] = {
+    "deepseek-ai-DeepSeek-V3.1": ("deepseek_v3", ("<think>", "</think>"), None, "deepseek_v31",
+                                  "agentrl deepseek_v31_tools.jinja (the tokenizer's template does not show", "PASS", set()),
+    "moonshotai-Kimi-K2": ("qwen3", KIMI, None, "kimi_k2", "tokenizer", "PASS", set()),
+    "MiniMax-M2": ("qwen3", ("]~!b[", "]~b]", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>"), None, "minimax_m2",
+                   "training template derived from the tokenizer's", "PASS", set()),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("qwen3", COHERE, None, "command",
+                                                      "training template derived from the tokenizer's", "WARN",
+                                                      {"tool-call round trip"}),
+    "GLM-4.7-Flash": ("qwen3", ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
+                                "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink"), None, "glm4",
+                      "training template derived from the tokenizer's", "PASS", set()),
+    "LFM2.5-Instruct": ("qwen3", ("<|startoftext|>", "<|tool_list_start|>", "<|tool_list_end|>", "<|tool_call_start|>",
+                                  "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>"), None,
+                        "lfm2_5_content", "training template derived from the tokenizer's", "PASS", set()),
+    "ibm-granite-granite-4.0": ("qwen3", GRANITE, "<|end_of_text|>", "hermes", "tokenizer", "PASS", set()),
+    "ibm-granite-granite-4.1": ("qwen3", GRANITE, "<|end_of_text|>", "hermes", "tokenizer", "PASS", set()),
+}  # fmt: skip
+# Real templates agentrl cannot use as shipped, and the cause the doctor names.
+UNSUPPORTED = {
+    # Kimi K2 Instruct (0905) and Thinking call list.append, which transformers' sandbox refuses.
+    "Kimi-K2-Instruct": ("qwen3", KIMI, "SecurityError"),
+    "Kimi-K2-Thinking": ("qwen3", KIMI, "SecurityError"),
+    # llama.cpp's community V3.2 template (DeepSeek ships an encoder, no template): its non-thinking
+    # generation prompt "<think></think>" is not how it renders a turn ("</think>"), nor DeepSeek's encoder.
+    "deepseek-ai-DeepSeek-V3.2": ("deepseek_v3", ("<think>", "</think>"), "generation prompt is not a prefix"),
+}
+
+
+def family_tokenizer(name: str) -> Any:
+    base, added, eos, *_ = EXPECTED[name] if name in EXPECTED else (*UNSUPPORTED[name][:2], None)
+    tok = tokenizer_with(base, added, llamacpp_template(name))
+    if eos is not None:
+        tok.eos_token = eos  # the family's own tokenizer ends documents with it
+    return tok
+
+
+def doctor_report(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[int, dict[str, Any]]:
+    import agentrl.doctor as doctor_module
+
+    tok = family_tokenizer(name)
+    monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec: tok)
+    code = cli(["doctor", f"model={name}", "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_real_template_of_a_recent_family(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    _, _, _, fmt, template, status, warned = EXPECTED[name]
+    code, report = doctor_report(capsys, monkeypatch, name)
+    lines = [f"{c['status']} {c['name']}: {c['summary']}" for c in report["checks"]]
+    assert report["chat_format"] == fmt and report["template"].startswith(template), (report["template"], lines)
+    assert report["status"] == status and code == 0, lines
+    assert {c["name"] for c in report["checks"] if c["status"] == "WARN"} == warned, lines
+    for c in report["checks"]:
+        if c["status"] == "WARN":
+            assert "Declared limitation of the" in c["summary"], c["summary"]
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_unusable_real_templates_fail_with_their_cause(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                                       name: str) -> None:  # fmt: skip
+    code, report = doctor_report(capsys, monkeypatch, name)
+    text = json.dumps(report)
+    assert code == 1 and report["status"] == "FAIL" and UNSUPPORTED[name][2] in text
+
+
+L4 = ("<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>", "<|python_start|>", "<|python_end|>")
+# No registry package ships a Llama 4 template: a Llama 4 tokenizer with a template that shows no tools
+# is recognised by its header markers and gets agentrl's pythonic template (docs/chat_formats.md).
+L4_PLAIN = ("{{- bos_token }}{%- for m in messages %}{{- '<|header_start|>' + m.role + '<|header_end|>\\n\\n' + m.content"
+            " + '<|eot|>' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|header_start|>assistant<|header_end|>\\n\\n' }}"
+            "{%- endif %}")
+
+
+def test_llama4_gets_the_documented_pythonic_template(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import agentrl.doctor as doctor_module
+
+    tok = tokenizer_with("llama3", L4, L4_PLAIN)
+    monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec: tok)
+    code = cli(["doctor", "model=llama4", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["chat_format"] == "llama4_pythonic" and report["template"].startswith("agentrl llama4_pythonic_tools.jinja")
+    assert report["status"] == "PASS" and code == 0, [c["summary"] for c in report["checks"]]
+
+
+def test_deepseek_v32_gets_the_documented_template(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A V3.2 tokenizer has no chat template (DeepSeek ships a Python encoder): chat_format=deepseek_v32
+    supplies agentrl's, written from that encoder's published format."""
+    import agentrl.doctor as doctor_module
+
+    tok = tokenizer_with("deepseek_v3", ("<think>", "</think>"), None)
+    tok.chat_template = None
+    monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec: tok)
+    code = cli(["doctor", "model=v32", "chat_format=deepseek_v32", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["template"].startswith("agentrl deepseek_v32_tools.jinja (the tokenizer has no chat template)")
+    assert report["status"] == "PASS" and code == 0, [c["summary"] for c in report["checks"]]
+
+
+def test_keep_past_thinking_derivation() -> None:
+    """LFM2.5 Instruct strips every assistant turn's reasoning but the last one's: the derived template
+    keeps it, and a fork without the switch keeps its own template and says why."""
+    from agentrl.chat.families_recent import derive_keep_past_thinking
+
+    original = llamacpp_template("LFM2.5-Instruct")
+    derived = derive_keep_past_thinking(original)
+    assert derived is not None and "keep_past_thinking | default(true)" in derived
+    assert derive_keep_past_thinking(original.replace("keep_past_thinking | default(false)", "false")) is None
+    tok = family_tokenizer("LFM2.5-Instruct")
+    history = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": "R1"},
+               {"role": "user", "content": "Q2"}, {"role": "assistant", "content": "B", "reasoning_content": "R2"}]  # fmt: skip
+    kept = get_chat_format(tok).render_text(history, add_generation_prompt=False)
+    shipped = get_chat_format(tok, training_template=False).render_text(history, add_generation_prompt=False)
+    assert "<think>R1</think>" in kept and "<think>R1</think>" not in shipped and "<think>R2</think>" in shipped
+
+
+def test_deepseek_v31_template_renders_as_deepseeks_own() -> None:
+    """agentrl's V3.1 template only adds the tool prompt: without tools= it renders every conversation
+    (calls, tool outputs, answers after them, a new question, the generation prompt) as DeepSeek's."""
+    tok = tokenizer_with("deepseek_v3", ("<think>", "</think>"), llamacpp_template("deepseek-ai-DeepSeek-V3.1"))
+    ours = read_template("deepseek_v31_tools.jinja")
+    call = {"type": "function", "id": "c1", "function": {"name": "get_weather", "arguments": {"city": "Paris", "n": [1, 2.5]}}}
+    conversations = [
+        [{"role": "user", "content": "Hi"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "system", "content": "Really."}, {"role": "user", "content": "Hi"},
+         {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Weather?"}],
+        [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "Checking.", "tool_calls": [call, call]},
+         {"role": "tool", "content": "sunny"}, {"role": "tool", "content": "21C"}, {"role": "assistant", "content": "Sunny."},
+         {"role": "user", "content": "And then?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+         {"role": "tool", "content": "rain"}],
+        [{"role": "user", "content": "Hm"}, {"role": "assistant", "content": "reasoning</think>Answer."}],
+    ]  # fmt: skip
+    for messages in conversations:
+        for gen in (True, False):
+            for kwargs in ({}, {"thinking": True}):
+                real = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kwargs)
+                assert tok.apply_chat_template(messages, tokenize=False, chat_template=ours, add_generation_prompt=gen, **kwargs) == real
+    with_tools = tok.apply_chat_template(conversations[0], tools=[{"type": "function", "function": {"name": "get_weather",
+                                         "description": "Weather.", "parameters": {}}}], tokenize=False, chat_template=ours)  # fmt: skip
+    assert "### get_weather" in with_tools and "<｜tool▁sep｜>tool_call_arguments" in with_tools
+
+
+def test_deepseek_v3_and_v31_syntaxes_are_told_apart() -> None:
+    """DeepSeek V3's own template and V3.1's write the same tags; only V3.1 drops 'function' and the fence."""
+    assert get_chat_format(load_asset_tokenizer("deepseek_v3")).name == "deepseek_v3"
+    v31 = tokenizer_with("deepseek_v3", ("<think>", "</think>"), llamacpp_template("deepseek-ai-DeepSeek-V3.1"))
+    assert get_chat_format(v31).name == "deepseek_v31"
+
+
+@pytest.mark.slow
+def test_every_llamacpp_template_gets_a_report(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real template of llama.cpp's set makes the doctor raise: each gives a JSON report, exit 0 or 1."""
+    import agentrl.doctor as doctor_module
+
+    names = sorted(p.stem for p in (assets_dir() / "llamacpp_templates").glob("*.jinja"))
+    assert len(names) >= 60
+    statuses = {}
+    for name in names:
+        tok = tokenizer_with("qwen3", KIMI + COHERE + GRANITE, llamacpp_template(name))
+        monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec, tok=tok: tok)
+        code = cli(["doctor", f"model={name}", "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert code == (1 if report["status"] == "FAIL" else 0), name
+        statuses[name] = report["status"]
+    print(json.dumps(statuses, indent=1))
