@@ -119,6 +119,9 @@ class Environment:
     # `agentrl train` settings this environment was tuned with, applied where the user sets nothing
     # (e.g. {"advantage": "turn", "max_steps": 120}); config.json records what a run used.
     train_defaults: dict[str, Any] = {}
+    # the part of those tuned on agentrl's bundled model (a 3M-parameter model: a learning rate and
+    # step count that would wreck a pretrained one), applied only with model.path="default"
+    bundled_train_defaults: dict[str, Any] = {}
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""

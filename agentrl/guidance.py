@@ -41,6 +41,14 @@ class GuidanceSettings(Strict):
     weight: float = Field(1.0, gt=0, description="multiplies a kept demonstration's advantages (after the group normalisation): how much of each step's update imitates")
 
 
+class WarmStartSettings(Strict):
+    """``warm_start.*``: supervised steps on the environment's demonstrations before RL (off by default; agentrl/warm_start.py)."""
+
+    steps: int = Field(0, ge=0, description="supervised optimizer steps on demonstrated episodes before the first RL step (0: off; needs an environment with demonstrate())")
+    batch_size: int = Field(16, ge=1, description="demonstrated episodes (train tasks) per warm-start step")
+    learning_rate: float | None = Field(None, gt=0, description="AdamW learning rate of the warm start, constant (null: learning_rate)")
+
+
 class GuidanceError(RuntimeError):
     """A demonstrated turn that cannot be played (no demonstration, a template that cannot render it)."""
 

@@ -10,7 +10,7 @@ from pydantic import Field
 from agentrl.config import ENV_ARGS_DOC, ENV_DOC, GeneratorSettings, ModelSettings, RolloutConfig, SamplingConfig, Strict
 from agentrl.curriculum import CurriculumSettings
 from agentrl.group_selection import DynamicSampling
-from agentrl.guidance import GuidanceSettings
+from agentrl.guidance import GuidanceSettings, WarmStartSettings
 from agentrl.losses import LossConfig
 
 
@@ -91,6 +91,7 @@ class TrainConfig(Strict):
     dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
     curriculum: CurriculumSettings = Field(default_factory=CurriculumSettings)
     guidance: GuidanceSettings = Field(default_factory=GuidanceSettings)
+    warm_start: WarmStartSettings = Field(default_factory=WarmStartSettings)
     mask_truncated_completions: bool = Field(False, description="truncated episodes get no gradient")
     extra_rewards: list[ExtraReward] = Field(default_factory=list, description="reward functions added to the environment's: [{fn: 'mod:f', weight: 1.0}]")
     peft: LoraSettings | None = Field(None, description="LoRA training (off unless a peft.* key is set)")
@@ -126,12 +127,18 @@ class TrainConfig(Strict):
     @pydantic.model_validator(mode="before")
     @classmethod
     def _environment_defaults(cls, data: Any) -> Any:
-        """The environment's recommended settings (``Environment.train_defaults``) under the user's own keys."""
+        """The environment's recommended settings (``Environment.train_defaults``) under the user's own
+        keys; its ``bundled_train_defaults`` too, but only for the bundled model (``model.path``
+        "default"): a pretrained model keeps the global defaults there (docs/training.md)."""
         if not isinstance(data, dict):
             return data
         from agentrl.registry import train_defaults
 
-        return _under(train_defaults(data.get("env", "calculator")), data)
+        env = data.get("env", "calculator")
+        defaults = train_defaults(env)
+        if model_path(data) == "default":
+            defaults = _under(defaults, train_defaults(env, "bundled_train_defaults"))
+        return _under(defaults, data)
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -170,6 +177,24 @@ class TrainConfig(Strict):
         if self.sampling.seed is None:
             self.sampling.seed = self.seed
         return self
+
+
+def model_path(data: dict[str, Any]) -> str:
+    """``model.path`` of raw config data ("default" when unset)."""
+    model = data.get("model")
+    if isinstance(model, dict):
+        return str(model.get("path", "default"))
+    return str(model.path) if isinstance(model, ModelSettings) else "default"
+
+
+def skipped_bundled_defaults(cfg: TrainConfig) -> dict[str, Any]:
+    """The environment's ``bundled_train_defaults`` this run does not use because its model is not
+    the bundled one (top-level keys, with the values they would have had), so the trainer can say so."""
+    from agentrl.registry import train_defaults
+
+    if cfg.model.path == "default":
+        return {}
+    return {k: v for k, v in train_defaults(cfg.env, "bundled_train_defaults").items() if k not in cfg.model_fields_set}
 
 
 def _under(defaults: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:

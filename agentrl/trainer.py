@@ -43,7 +43,7 @@ from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.metrics import rollout_metrics
 from agentrl.rollout_ahead import RolloutAhead
 from agentrl.sharded import GatheredGenerator, ShardedPolicy, checkpoint_views, generation_copy, shard_policy
-from agentrl.train_config import TrainConfig
+from agentrl.train_config import TrainConfig, skipped_bundled_defaults
 from agentrl.train_setup import (
     build_optimizer,
     check_trackers,
@@ -56,6 +56,7 @@ from agentrl.train_setup import (
 )
 from agentrl.train_state import TrainState, resume_run, save_run
 from agentrl.trajectory import TrajectoryGroup
+from agentrl.warm_start import run_warm_start
 
 
 class Trainer:
@@ -70,6 +71,10 @@ class Trainer:
 
         instance = env if isinstance(env, Environment) else None
         cfg = self.cfg = config_from(config, env, keys)
+        skipped = skipped_bundled_defaults(cfg)
+        if skipped:  # never silent: the user sees what the environment tuned on the bundled model and this run does not use
+            print(f"env={cfg.env}: not applying its defaults tuned on the bundled model ({', '.join(f'{k}={v}' for k, v in skipped.items())}) to model={cfg.model.path}; "
+                  f"this run uses {', '.join(f'{k}={getattr(cfg, k)}' for k in skipped)} (set them to override)", flush=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         # the environment first: its mistakes must not cost a model load
@@ -127,6 +132,8 @@ class Trainer:
         self.engine = RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling, guidance=cfg.guidance.enabled, guidance_keep=cfg.guidance.keep)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
+        self.warm_start_history: list[dict[str, Any]] = []  # one row per warm-start step (agentrl/warm_start.py)
+        self.warm_start_eval: list[float | None] | None = None  # per-task reward after the warm start, with eval_every
         self.interrupted = False
         self.ahead: RolloutAhead | None = None  # max_staleness > 0: background rollouts (agentrl/rollout_ahead.py)
         self._last_saved = -1  # the step this process last checkpointed (every rank knows it)
@@ -168,6 +175,8 @@ class Trainer:
                     before = self.evaluate(cfg.eval_tasks)
                     state.history.append({"step": 0, **before})
                     log.log(0, before)
+                if cfg.warm_start.steps and state.step == 0 and not cfg.resume:
+                    self.warm_start_history = self._warm_start()
                 while state.step < cfg.max_steps and not (stopping := any_rank(self.accelerator, stop.is_set())):
                     t_start = time.perf_counter()
                     drawn = self.draw.next()
@@ -198,6 +207,48 @@ class Trainer:
         if cfg.report_to:
             self.accelerator.end_training()
         return state.history[-1] if state.history else {}
+
+    def _warm_start(self) -> list[dict[str, Any]]:
+        """``warm_start.steps`` supervised steps on demonstrations, through a learner of their own
+        (own AdamW and constant learning rate, no reference: agentrl/warm_start.py); the rows go
+        to ``warm_start.jsonl``, and with ``eval_every`` the eval after them to its last row."""
+        import json
+
+        from agentrl.learner import Learner, LearnSettings
+        from agentrl.losses import LossConfig
+
+        cfg = self.cfg
+        ws = cfg.warm_start
+        lr = ws.learning_rate or cfg.learning_rate
+        opt_cfg = cfg.model_copy(update={"learning_rate": lr, "lr_scheduler": "constant", "warmup_steps": 0, "max_steps": ws.steps})
+        optimizer, scheduler, _ = build_optimizer(opt_cfg, self._module(), torch.cuda.is_available(), full_finetune=self.policy_kind == "full")
+        optimizer, scheduler = self.accelerator.prepare(optimizer, scheduler)
+        settings = LearnSettings(
+            micro_batch_size=cfg.micro_batch_size, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=cfg.logprob_chunk_size,
+            max_grad_norm=cfg.max_grad_norm, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=0,
+        )
+        learner = Learner(self.accelerator, self.policy, optimizer, scheduler, Reference(self._module(), self.policy_kind, 0.0), LossConfig(loss_type="dapo"), settings, self.learner.compiled)
+        path = self.run_dir / "warm_start.jsonl"
+
+        def write(row: dict[str, Any]) -> None:
+            if self.is_main:
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row, default=float) + "\n")
+
+        history = run_warm_start(ws, learner, self.engine, self.env, self.train_data, seed=cfg.seed, pad_id=self.pad_id, log=write, echo=self.is_main)
+        del learner, optimizer, scheduler
+        self._sync_weights()
+        if cfg.save_every:  # checkpoints/step-0: the warm-started model, before any RL step
+            self.save()
+        if cfg.eval_every:
+            base = self.eval_results.get(0)
+            after = {f"warm_start/{k}": v for k, v in self.evaluate(cfg.eval_tasks).items()}
+            self.warm_start_eval = self.eval_results.pop(0)  # kept apart: eval_results[0] stays the base model's
+            if base is not None:
+                self.eval_results[0] = base
+            history[-1].update(after)
+            write(after)
+        return history
 
     def _finish_step(self, log: RunLog, metrics: dict[str, Any], batch: Batch, groups: list[TrajectoryGroup], rollout_s: float, step_s: float) -> None:
         """Metrics, eval, history, logs, samples and the periodic checkpoint of the step just taken."""

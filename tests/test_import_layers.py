@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("generators", ["agentrl.generators"]),
     ("rollout", ["agentrl.rollout", "agentrl.guidance", "agentrl.rewards", "agentrl.evaluation", "agentrl.observe"]),
     ("config", ["agentrl.config", "agentrl.train_config", "agentrl.validate", "agentrl.group_selection", "agentrl.curriculum"]),
-    ("commands", ["agentrl.trainer", "agentrl.group_draw", "agentrl.interrupt", "agentrl.distributed", "agentrl.sharded", "agentrl.rollout_ahead", "agentrl.batch", "agentrl.learner", "agentrl.train_setup", "agentrl.train_state", "agentrl.curve", "agentrl.doctor", "agentrl.viewer", "agentrl.viewer_html", "agentrl.viewer_cli",
+    ("commands", ["agentrl.trainer", "agentrl.group_draw", "agentrl.interrupt", "agentrl.distributed", "agentrl.sharded", "agentrl.rollout_ahead", "agentrl.batch", "agentrl.learner", "agentrl.train_setup", "agentrl.train_state", "agentrl.warm_start", "agentrl.curve", "agentrl.doctor", "agentrl.viewer", "agentrl.viewer_html", "agentrl.viewer_cli",
                   "agentrl.generators.vllm_serve"]),
     ("entry points", ["agentrl.cli", "agentrl"]),
 ]
