@@ -161,6 +161,10 @@ class TrainConfig(Strict):
                 raise ValueError("distributed.strategy=fsdp: optimizer_offload is not supported with sharded parameters (FSDP already divides AdamW's state by the number of ranks)")
             if self.generator.backend != "transformers":
                 raise ValueError("distributed.strategy=fsdp: only generator.backend=transformers decodes from the gathered copy so far")
+        if self.warm_start.steps and self.max_staleness > 0:
+            raise ValueError("warm_start.steps with max_staleness > 0: the background rollouts would start from the weights before the warm start; run them separately (resume=... max_staleness=N)")
+        if self.warm_start.steps and self.distributed.strategy == "fsdp":
+            raise ValueError("warm_start.steps with distributed.strategy=fsdp: the warm start's optimizer does not take sharded parameters yet; use ddp")
         if self.optimizer_offload and self.optimizer == "adamw_8bit":
             raise ValueError("optimizer_offload=true streams AdamW's float32 moments from the host; optimizer=adamw_8bit keeps 8-bit moments on the GPU: choose one")
         if self.max_staleness == 0 and self.rollout_device is not None:

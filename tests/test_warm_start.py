@@ -75,3 +75,7 @@ def test_warm_start_is_off_by_default_and_checked():
     assert build(TrainConfig, {}).warm_start.steps == 0
     with pytest.raises(ConfigError, match="warm_start.batch_size"):
         build(TrainConfig, parse_overrides(["warm_start.batch_size=0"]))
+    with pytest.raises(ConfigError, match="warm_start.steps with max_staleness > 0"):
+        build(TrainConfig, parse_overrides(["warm_start.steps=2", "max_staleness=1", "loss.sampler_is_mode=truncate"]))
+    with pytest.raises(ConfigError, match="warm_start.steps with distributed.strategy=fsdp"):
+        build(TrainConfig, parse_overrides(["warm_start.steps=2", "distributed.strategy=fsdp"]))
