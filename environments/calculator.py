@@ -196,7 +196,8 @@ class CalculatorEnv(ToolEnvironment):
     group, at 4x the advantage weight) and training on one- to three-call tasks
     (``train_difficulty=[1, 2, 3]``, while the test split stays the shipped one- and two-call
     tasks) teach the second and third call that sampling alone almost never finds, and let a
-    learning rate of 5e-4 keep the call syntax; 90 steps fit 15 minutes on two CPU cores.
+    learning rate of 5e-4 keep the call syntax; 90 steps fit 15 minutes on two CPU cores. The
+    learning rate and step count (``bundled_train_defaults``) apply to the bundled model only.
 
     Args:
         difficulty: operation counts to draw tasks from (1 = one call ... 3 = three calls).
@@ -213,16 +214,18 @@ class CalculatorEnv(ToolEnvironment):
         parts_weight: weight of the per-turn ``parts`` reward (each call's left operand, operator
             and right operand scored against what the next step needs; 0 disables it).
         max_turns: assistant turns before the episode is truncated.
+        system_prompt: a system message opening every episode (None: none; the bundled model was
+            trained without one).
     """
 
     accuracy_reward = "correct"
     train_defaults = {
         "advantage": "turn",
-        "max_steps": 90,
-        "learning_rate": 5e-4,
         "guidance": {"enabled": True, "keep": "above_mean", "weight": 4.0},
         "env_args": {"train_difficulty": [1, 2, 3]},
     }
+    # tuned on the bundled 3M model: 5e-4 would wreck a pretrained model's weights (docs/training.md)
+    bundled_train_defaults = {"max_steps": 90, "learning_rate": 5e-4}
 
     def __init__(
         self,
@@ -236,6 +239,7 @@ class CalculatorEnv(ToolEnvironment):
         progress_weight: float = 0.5,
         parts_weight: float = 0.0,
         train_difficulty: Sequence[int] | int | None = None,
+        system_prompt: str | None = None,
     ) -> None:
         if format_weight + progress_weight + parts_weight >= 1:
             raise ValueError(
@@ -251,7 +255,7 @@ class CalculatorEnv(ToolEnvironment):
             rewards.append(Reward(progress, weight=progress_weight, name="progress", per_turn=True))
         if parts_weight:
             rewards.append(Reward(parts, weight=parts_weight, name="parts", per_turn=True))
-        super().__init__(tools=[Calculator(max_ops=max_ops_per_call)], rewards=rewards, max_turns=max_turns)
+        super().__init__(tools=[Calculator(max_ops=max_ops_per_call)], rewards=rewards, max_turns=max_turns, system_prompt=system_prompt)
         self.levels, self.train_levels = levels, train_levels
         self.num_train, self.num_test, self.seed = num_train, num_test, seed
 

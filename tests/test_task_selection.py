@@ -12,7 +12,7 @@ from agentrl.core.strict import ConfigError
 from agentrl.core.trajectory import Trajectory, TrajectoryGroup
 from agentrl.env.registry import register
 from agentrl.environments.calculator import CalculatorEnv
-from agentrl.train.config import CurriculumConfig, DynamicSamplingConfig, TrainConfig
+from agentrl.train.config import CurriculumConfig, DynamicSamplingConfig, TrainConfig, skipped_bundled_defaults
 from agentrl.train.curriculum import Curriculum
 from agentrl.train.draw import GroupDraw, train_seed
 from agentrl.train.selection import GroupSelector, informative
@@ -186,6 +186,12 @@ def test_environment_train_defaults_apply_where_the_user_sets_nothing():
     assert mine.env_args == {"seed": 3, "train_difficulty": [1, 2, 3]} and mine.guidance.weight == 2 and mine.guidance.enabled, "nested defaults merge key by key"
     assert build(TrainConfig, parse_overrides(["env_args.train_difficulty=[1,2]"])).env_args == {"train_difficulty": [1, 2]}
     assert build(TrainConfig, parse_overrides(["advantage=episode"])).advantage == "episode"
+    pretrained = build(TrainConfig, parse_overrides(["model=some/pretrained-model"]))
+    assert (pretrained.learning_rate, pretrained.max_steps) == (1e-4, 60), "the bundled model's learning rate and steps are not a pretrained model's"
+    assert (pretrained.advantage, pretrained.guidance.enabled, pretrained.env_args) == ("turn", True, {"train_difficulty": [1, 2, 3]})
+    assert skipped_bundled_defaults(pretrained) == {"max_steps": 90, "learning_rate": 5e-4}
+    assert skipped_bundled_defaults(build(TrainConfig, parse_overrides(["model=x", "learning_rate=3e-5"]))) == {"max_steps": 90}
+    assert skipped_bundled_defaults(calc) == {}
     other = build(TrainConfig, parse_overrides(["env=search"]))
     assert (other.advantage, other.max_steps) == ("episode", 60), "an environment without train_defaults gets the global ones"
     math = build(TrainConfig, parse_overrides(["env=math_python", "rollout.max_completion_tokens=256"]))
@@ -232,3 +238,12 @@ def test_dynamic_sampling_and_curriculum_in_a_real_run(tmp_path):
         assert "curriculum/difficulty=3/weight" in m
     state = json.loads((tmp_path / "checkpoints" / "step-000002" / "trainer_state.json").read_text())
     assert set(state["curriculum"]["orders"]) == {"1", "2", "3"}
+
+
+def test_a_pretrained_model_is_told_which_bundled_defaults_it_does_not_get(tmp_path, capsys):
+    """Never silent: the run names the skipped keys and the values it uses instead, before any model loads."""
+    with pytest.raises(Exception):  # the folder does not exist: the message must come before that failure
+        Trainer(env="calculator", model=str(tmp_path / "no-such-model"), output_dir=str(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert "env=calculator: not applying its defaults tuned on the bundled model (max_steps=90, learning_rate=0.0005)" in out
+    assert "this run uses max_steps=60, learning_rate=0.0001" in out

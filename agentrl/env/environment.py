@@ -121,6 +121,9 @@ class Environment:
     # the reward component that says whether an episode succeeded (1) or not (0): logged as
     # ``accuracy`` in training and ``eval/accuracy`` in its evaluations (None: none is)
     accuracy_reward: str | None = None
+    # the part of those tuned on agentrl's bundled model (a 3M-parameter model: a learning rate and
+    # step count that would wreck a pretrained one), applied only with model.path="default"
+    bundled_train_defaults: dict[str, Any] = {}
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""

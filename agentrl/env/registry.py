@@ -69,8 +69,9 @@ def resolve(spec: str) -> Callable[..., Any]:
     )
 
 
-def train_defaults(spec: Any) -> dict[str, Any]:
-    """The ``agentrl train`` settings an environment class recommends (its ``train_defaults``), or {}.
+def train_defaults(spec: Any, attribute: str = "train_defaults") -> dict[str, Any]:
+    """The ``agentrl train`` settings an environment class recommends (its ``train_defaults``, or
+    with ``attribute="bundled_train_defaults"`` those tuned on the bundled model), or {}.
 
     Looked up without building the environment, for registered names, entry points and
     ``module:Class`` specs (a ``file.py:Class`` spec is not imported twice for this). Any problem
@@ -79,7 +80,7 @@ def train_defaults(spec: Any) -> dict[str, Any]:
     if not isinstance(spec, str) or (":" in spec and spec.partition(":")[0].endswith(".py")):
         return {}
     try:
-        found = getattr(resolve(spec), "train_defaults", None)
+        found = getattr(resolve(spec), attribute, None)
     except Exception:
         return {}
     return dict(found) if isinstance(found, dict) else {}

@@ -54,6 +54,7 @@ class GuidedRollouts:
 
     def __init__(self, engine: RolloutEngine, keep: Literal["above_all", "above_mean"] = "above_all") -> None:
         self.engine, self.keep = engine, keep
+        self.run_episode = engine.run_episode  # one episode, as the engine plays it
 
     async def run(
         self, env: Environment, tasks: list[dict[str, Any]], n: int = 1, seed: int | None = 0, on_episode: Callable[[Trajectory], None] | None = None

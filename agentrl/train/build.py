@@ -109,6 +109,8 @@ def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environ
         raise ConfigError(f"extra_rewards: {exc}") from None
     if cfg.guidance.enabled and not has_demonstrations(env):
         raise ConfigError(f"guidance.enabled: env={name} ({type(env).__name__}) has no demonstrations; it must implement demonstrate() (agentrl/rollout/guidance.py)")
+    if cfg.warm_start.steps and not has_demonstrations(env):
+        raise ConfigError(f"warm_start.steps: env={name} ({type(env).__name__}) has no demonstrations; it must implement demonstrate() (agentrl/train/warm_start.py)")
     train = _split(env, name, "train")
     if cfg.eval_every:
         _split(env, name, "test")

@@ -61,6 +61,14 @@ class DistributedConfig(Strict):
     )
 
 
+class WarmStartConfig(Strict):
+    """``warm_start.*``: supervised steps on the environment's demonstrations before RL (off by default; agentrl/train/warm_start.py)."""
+
+    steps: int = Field(0, ge=0, description="supervised optimizer steps on demonstrated episodes before the first RL step (0: off; needs an environment with demonstrate())")
+    batch_size: int = Field(16, ge=1, description="demonstrated episodes (train tasks) per warm-start step")
+    learning_rate: float | None = Field(None, gt=0, description="AdamW learning rate of the warm start, constant (null: learning_rate)")
+
+
 class TrainConfig(Strict):
     """``agentrl train``: GRPO on an environment (docs/training.md)."""
 
@@ -116,6 +124,7 @@ class TrainConfig(Strict):
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig)
     guidance: GuidanceConfig = Field(default_factory=GuidanceConfig)
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
     mask_truncated_completions: bool = Field(False, description="truncated episodes get no gradient")
     extra_rewards: list[ExtraRewardConfig] = Field(default_factory=list, description="reward functions added to the environment's: [{fn: 'mod:f', weight: 1.0}]")
     peft: AdapterConfig | None = Field(None, description="LoRA training (off unless a peft.* key is set)")
@@ -152,12 +161,18 @@ class TrainConfig(Strict):
     @pydantic.model_validator(mode="before")
     @classmethod
     def _environment_defaults(cls, data: Any) -> Any:
-        """The environment's recommended settings (``Environment.train_defaults``) under the user's own keys."""
+        """The environment's recommended settings (``Environment.train_defaults``) under the user's own
+        keys; its ``bundled_train_defaults`` too, but only for the bundled model (``model.path``
+        "default"): a pretrained model keeps the global defaults there (docs/training.md)."""
         if not isinstance(data, dict):
             return data
         from agentrl.env.registry import train_defaults
 
-        return _under(train_defaults(data.get("env", "calculator")), data)
+        env = data.get("env", "calculator")
+        defaults = train_defaults(env)
+        if model_path(data) == "default":
+            defaults = _under(defaults, train_defaults(env, "bundled_train_defaults"))
+        return _under(defaults, data)
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -182,6 +197,10 @@ class TrainConfig(Strict):
                 raise ValueError("distributed.strategy=fsdp: optimizer_offload is not supported with sharded parameters (FSDP already divides AdamW's state by the number of ranks)")
             if self.generator.backend != "transformers":
                 raise ValueError("distributed.strategy=fsdp: only generator.backend=transformers decodes from the gathered copy so far")
+        if self.warm_start.steps and self.max_staleness > 0:
+            raise ValueError("warm_start.steps with max_staleness > 0: the background rollouts would start from the weights before the warm start; run them separately (resume=... max_staleness=N)")
+        if self.warm_start.steps and self.distributed.strategy == "fsdp":
+            raise ValueError("warm_start.steps with distributed.strategy=fsdp: the warm start's optimizer does not take sharded parameters yet; use ddp")
         if self.optimizer_offload and self.optimizer == "adamw_8bit":
             raise ValueError("optimizer_offload=true streams AdamW's float32 moments from the host; optimizer=adamw_8bit keeps 8-bit moments on the GPU: choose one")
         if self.max_staleness == 0 and self.rollout_device is not None:
@@ -205,6 +224,24 @@ class TrainConfig(Strict):
         if self.sampling.seed is None:
             self.sampling.seed = self.seed
         return self
+
+
+def model_path(data: dict[str, Any]) -> str:
+    """``model.path`` of raw config data ("default" when unset)."""
+    model = data.get("model")
+    if isinstance(model, dict):
+        return str(model.get("path", "default"))
+    return str(model.path) if isinstance(model, ModelConfig) else "default"
+
+
+def skipped_bundled_defaults(cfg: TrainConfig) -> dict[str, Any]:
+    """The environment's ``bundled_train_defaults`` this run does not use because its model is not
+    the bundled one (top-level keys, with the values they would have had), so the trainer can say so."""
+    from agentrl.env.registry import train_defaults
+
+    if cfg.model.path == "default":
+        return {}
+    return {k: v for k, v in train_defaults(cfg.env, "bundled_train_defaults").items() if k not in cfg.model_fields_set}
 
 
 def _under(defaults: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:

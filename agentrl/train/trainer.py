@@ -56,11 +56,12 @@ from agentrl.train.build import (
     start_run,
     with_guidance,
 )
-from agentrl.train.config import TrainConfig
+from agentrl.train.config import TrainConfig, skipped_bundled_defaults
 from agentrl.train.disaggregated import RemoteRollouts, trainer_links
 from agentrl.train.draw import GroupDraw, train_seed
 from agentrl.train.interrupt import stop_on_interrupt
 from agentrl.train.state import TrainState, resume_run, save_run
+from agentrl.train.warm_start import run_warm_start
 
 
 class Trainer:
@@ -75,6 +76,10 @@ class Trainer:
 
         instance = env if isinstance(env, Environment) else None
         cfg = self.cfg = config_from(config, env, keys)
+        skipped = skipped_bundled_defaults(cfg)
+        if skipped:  # never silent: the user sees what the environment tuned on the bundled model and this run does not use
+            print(f"env={cfg.env}: not applying its defaults tuned on the bundled model ({', '.join(f'{k}={v}' for k, v in skipped.items())}) to model={cfg.model.path}; "
+                  f"this run uses {', '.join(f'{k}={getattr(cfg, k)}' for k in skipped)} (set them to override)", flush=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         # the environment first: its mistakes must not cost a model load
@@ -117,6 +122,8 @@ class Trainer:
         self.engine = with_guidance(RolloutEngine(self.generator, self.chat_format, cfg.rollout, cfg.sampling), cfg.guidance)
         self.state = TrainState.start(len(self.train_data), cfg.seed)
         self.eval_results: dict[int, list[float | None]] = {}  # step -> per-task reward, test order
+        self.warm_start_history: list[dict[str, Any]] = []  # one row per warm-start step (agentrl/train/warm_start.py)
+        self.warm_start_eval: list[float | None] | None = None  # per-task reward after the warm start, with eval_every
         self.interrupted = False
         self.ahead: RolloutAhead | RemoteRollouts | None = None  # background rollouts (rollout/ahead.py) or the generator ranks (train/disaggregated.py)
         self._last_saved = -1  # the step this process last checkpointed (every rank knows it)
@@ -158,6 +165,8 @@ class Trainer:
                     before = self.evaluate(cfg.eval_tasks)
                     state.history.append({"step": 0, **before})
                     log.log(0, before)
+                if cfg.warm_start.steps and state.step == 0 and not cfg.resume:
+                    self.warm_start_history = self._warm_start()
                 while state.step < cfg.max_steps and not (stopping := any_rank(self.accelerator, stop.is_set())):
                     t_start = time.perf_counter()
                     drawn = self.draw.next()
@@ -188,6 +197,48 @@ class Trainer:
         if cfg.report_to:
             self.accelerator.end_training()
         return state.history[-1] if state.history else {}
+
+    def _warm_start(self) -> list[dict[str, Any]]:
+        """``warm_start.steps`` supervised steps on demonstrations, through a learner of their own
+        (own AdamW and constant learning rate, no reference: agentrl/train/warm_start.py); the rows go
+        to ``warm_start.jsonl``, and with ``eval_every`` the eval after them to its last row."""
+        import json
+
+        from agentrl.learn.learner import Learner, LearnerConfig
+        from agentrl.learn.losses import LossConfig
+
+        cfg = self.cfg
+        ws = cfg.warm_start
+        lr = ws.learning_rate or cfg.learning_rate
+        opt_cfg = cfg.model_copy(update={"learning_rate": lr, "lr_scheduler": "constant", "warmup_steps": 0, "max_steps": ws.steps})
+        optimizer, scheduler, _ = build_optimizer(opt_cfg, self._module(), torch.cuda.is_available(), full_finetune=self.policy_kind == "full")
+        optimizer, scheduler = self.accelerator.prepare(optimizer, scheduler)
+        settings = LearnerConfig(
+            micro_batch_size=cfg.micro_batch_size, num_iterations=1, steps_per_generation=1, temperature=1.0, logprob_chunk_size=cfg.logprob_chunk_size,
+            max_grad_norm=cfg.max_grad_norm, mask_truncated_completions=False, ref_mix_alpha=None, ref_mix_every=0,
+        )
+        learner = Learner(self.accelerator, self.policy, optimizer, scheduler, Reference(self._module(), self.policy_kind, 0.0), LossConfig(loss_type="dapo"), settings, self.learner.compiled)
+        path = self.run_dir / "warm_start.jsonl"
+
+        def write(row: dict[str, Any]) -> None:
+            if self.is_main:
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row, default=float) + "\n")
+
+        history = run_warm_start(ws, learner, self.engine, self.env, self.train_data, seed=cfg.seed, pad_id=self.pad_id, log=write, echo=self.is_main)
+        del learner, optimizer, scheduler
+        self._sync_weights()
+        if cfg.save_every:  # checkpoints/step-0: the warm-started model, before any RL step
+            self.save()
+        if cfg.eval_every:
+            base = self.eval_results.get(0)
+            after = {f"warm_start/{k}": v for k, v in self.evaluate(cfg.eval_tasks).items()}
+            self.warm_start_eval = self.eval_results.pop(0)  # kept apart: eval_results[0] stays the base model's
+            if base is not None:
+                self.eval_results[0] = base
+            history[-1].update(after)
+            write(after)
+        return history
 
     def _finish_step(self, log: RunLog, metrics: dict[str, Any], batch: Batch, groups: list[TrajectoryGroup], rollout_s: float, step_s: float) -> None:
         """Metrics, eval, history, logs, samples and the periodic checkpoint of the step just taken."""
