@@ -4,7 +4,8 @@
 messages, ``step(assistant_message)`` gives the environment's reply, a reward and the episode
 flags. ``ToolEnvironment`` implements both for the common case — a task dataset, tools and reward
 functions — so most environments only declare those. One instance runs one episode at a time;
-``spawn()`` makes another that shares tools (and so their concurrency limits) and datasets.
+``spawn()`` makes another with its own copy of every mutable attribute (``agentrl.env.episode_copy``):
+only the datasets, the tools' concurrency limits and what a class lists in ``shared`` are common.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from agentrl.core.errors import AgentrlError
 from agentrl.core.messages import Message, ParsedResponse
 from agentrl.core.records import ToolRecord
 from agentrl.core.step import StepResult
+from agentrl.env.episode_copy import per_episode_copy
 from agentrl.env.replay import run_tools
 from agentrl.env.tool import Tool, as_tool
 
@@ -118,6 +120,9 @@ class Environment:
     # `agentrl train` settings this environment was tuned with, applied where the user sets nothing
     # (e.g. {"advantage": "turn", "max_steps": 120}); config.json records what a run used.
     train_defaults: dict[str, Any] = {}
+    # Attributes every concurrent episode uses as the same object (read-only data, a client, a pool);
+    # everything else mutable is copied per episode by ``spawn()``. Subclasses add names; bases' stay.
+    shared: tuple[str, ...] = ("train_defaults", "_datasets", "_dataset_cache")
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""
@@ -192,8 +197,15 @@ class Environment:
         return clone
 
     def spawn(self) -> Environment:
-        """A fresh instance for a concurrent episode; shares tools and datasets, not episode state."""
-        return copy.copy(self)
+        """A fresh instance for a concurrent episode, owning its state.
+
+        Every mutable attribute (of the instance, of its class, of its tools) is deep-copied, and
+        tools that are bound methods of this instance are bound to the copy; datasets, the tools'
+        concurrency limiters and the names listed in ``shared`` stay common. An attribute that
+        cannot be copied raises ``SpawnError`` naming it (create it in ``reset`` or list it in ``shared``).
+        """
+        self.__dict__.setdefault("_dataset_cache", {})  # created once here, so every copy shares it
+        return per_episode_copy(self, {})
 
     def sync(self) -> Any:
         """A blocking wrapper for scripts and notebooks (``reset``/``step`` without ``await``)."""
@@ -348,6 +360,5 @@ class ToolEnvironment(Environment):
         return self._episode
 
     def spawn(self) -> ToolEnvironment:
-        clone = copy.copy(self)
-        clone._episode = None
-        return clone
+        self.__dict__.setdefault("_dataset_cache", {})
+        return per_episode_copy(self, {}, reset={"_episode": None})
