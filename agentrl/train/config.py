@@ -7,6 +7,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field
 
+from agentrl.core.sections import section_defaults, under
 from agentrl.core.strict import Strict
 from agentrl.env.config import ENV_ARGS_DOC, ENV_DOC
 from agentrl.generators.config import GeneratorConfig, SamplingConfig
@@ -140,15 +141,13 @@ class TrainConfig(Strict):
         1800.0, gt=0, description="a collective waiting longer than this on a dead or stalled rank fails with an error instead of hanging; it must cover the slowest rank's rollout of one step"
     )
 
-    @pydantic.model_validator(mode="before")
     @classmethod
-    def _environment_defaults(cls, data: Any) -> Any:
-        """The environment's recommended settings (``Environment.train_defaults``) under the user's own keys."""
-        if not isinstance(data, dict):
-            return data
+    def layered_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Under the user's keys: the environment's recommended settings (``Environment.train_defaults``),
+        and under those, this command's section defaults (a key set in a section keeps the others)."""
         from agentrl.env.registry import train_defaults
 
-        return _under(train_defaults(data.get("env", "calculator")), data)
+        return under(section_defaults(cls), train_defaults(data.get("env", "calculator")))
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -188,13 +187,3 @@ class TrainConfig(Strict):
             self.sampling.seed = self.seed
         return self
 
-
-def _under(defaults: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with ``defaults`` filled in where it sets nothing (nested dicts merged key by key)."""
-    out = dict(data)
-    for key, value in defaults.items():
-        if key not in out:
-            out[key] = value
-        elif isinstance(value, dict) and isinstance(out[key], dict):
-            out[key] = _under(value, out[key])
-    return out
