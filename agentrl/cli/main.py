@@ -115,13 +115,11 @@ def cmd_train(args: list[str]) -> int:
     from agentrl.learn.batch import EmptyBatchError
     from agentrl.rollout.ahead import RolloutAheadError
     from agentrl.train.config import TrainConfig
-    from agentrl.train.preflight import preflight_train
     from agentrl.train.trainer import Trainer
 
     try:
         cfg = build(TrainConfig, parse_overrides(args))
-        preflight_train(cfg)
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg)  # runs preflight_train first, as it does for Python callers
         trainer.train()
     except (EmptyBatchError, DistributedError, RolloutAheadError, ShardingError) as exc:  # every episode failed / a peer rank died / ...: the cause, in one line
         print(f"agentrl train: {exc}", file=sys.stderr)

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.core.errors import AgentrlError
+from agentrl.core.errors import AgentrlError, UserError
 from agentrl.core.messages import Message, ParsedResponse
 from agentrl.core.records import ToolRecord
 from agentrl.core.step import StepResult
@@ -29,6 +29,15 @@ from agentrl.env.tool import Tool, as_tool
 
 class EnvError(AgentrlError, RuntimeError):
     """Misuse of an environment (step before reset, step after the end, bad task...)."""
+
+
+class RewardError(UserError, RuntimeError):
+    """A reward function raised: a bug in the user's reward, stopped with its name (or counted, when asked)."""
+
+    def __init__(self, name: str, exc: BaseException) -> None:
+        self.reward_name = name
+        text = " ".join(str(exc).split())[:300]
+        super().__init__(f"reward {name!r} raised {type(exc).__name__}: {text}" if text else f"reward {name!r} raised {type(exc).__name__}")
 
 
 @dataclass
@@ -96,7 +105,10 @@ async def score(
     total = 0.0
     for r in rewards:
         if (per_turn and r.per_turn) or (episode and not r.per_turn):
-            value = await r(context)
+            try:
+                value = await r(context)
+            except Exception as exc:  # the user's reward, not the infrastructure: stopped (or counted) by name
+                raise RewardError(r.name, exc) from exc
             components[r.name] = value
             if value is not None:
                 total += r.weight * value

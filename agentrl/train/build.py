@@ -9,12 +9,14 @@ that order and keeps only its loop.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import torch
 
 from agentrl.compute.parallel.distributed import accelerator_handlers
@@ -23,6 +25,7 @@ from agentrl.core.overrides import build, parse_overrides
 from agentrl.core.strict import ConfigError
 from agentrl.env.environment import EnvError, Environment, Reward
 from agentrl.env.registry import UnknownEnvironment, load_object, make
+from agentrl.env.reward_check import check_env_rewards
 from agentrl.learn.config import LearnerConfig
 from agentrl.rollout.config import GuidanceConfig
 from agentrl.rollout.engine import RolloutEngine
@@ -110,6 +113,7 @@ def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environ
     if cfg.guidance.enabled and not has_demonstrations(env):
         raise ConfigError(f"guidance.enabled: env={name} ({type(env).__name__}) has no demonstrations; it must implement demonstrate() (agentrl/rollout/guidance.py)")
     train = _split(env, name, "train")
+    anyio.run(check_env_rewards, env, dict(train[0]))  # a reward's wrong argument costs seconds, not a model load
     if cfg.eval_every:
         _split(env, name, "test")
     return env, train
@@ -130,6 +134,9 @@ def _split(env: Environment, name: str, split: str) -> Any:
 def _load_reward(spec: Any) -> Reward:
     try:
         fn = load_object(spec.fn)
+        if isinstance(fn, Reward):  # e.g. RewardModel(...).as_reward() or JudgeReward(...).as_reward() in a file
+            weight = spec.weight if "weight" in spec.model_fields_set else fn.weight
+            return dataclasses.replace(fn, weight=weight, name=spec.name or fn.name)
         return Reward(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
     except (UnknownEnvironment, TypeError, ValueError) as exc:
         raise ConfigError(f"extra_rewards: {spec.fn}: {exc}") from None

@@ -72,12 +72,15 @@ class Trainer:
         from agentrl.chat import get_chat_format
         from agentrl.compute.models import load_tokenizer, pad_token_id, resolve_model
 
+        from agentrl.train.preflight import preflight_train
+
         instance = env if isinstance(env, Environment) else None
         cfg = self.cfg = config_from(config, env, keys)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        # the environment first: its mistakes must not cost a model load
-        self.env, self.train_data = load_environment(cfg, instance)
+        # the CLI's pre-checks and the environment first: their mistakes must not cost a model load or a run folder
+        built = preflight_train(cfg, instance)
+        self.env, self.train_data = load_environment(cfg, built)
         check_trackers(cfg.report_to)
         require_backend(cfg.generator)
         self.accelerator, self.run_dir, bf16 = start_run(cfg)
