@@ -27,6 +27,7 @@ from agentrl.env.environment import EnvError, Environment, Reward
 from agentrl.env.registry import UnknownEnvironment, load_object, make
 from agentrl.env.reward_check import check_env_rewards
 from agentrl.learn.config import LearnerConfig
+from agentrl.observe.trackers import flat_hparams
 from agentrl.rollout.config import GuidanceConfig
 from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.guidance import GuidedRollouts, has_demonstrations
@@ -78,7 +79,7 @@ def start_run(cfg: TrainConfig) -> tuple[Any, Path, bool]:
         open_run(run_dir, cfg.resume)
         (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
     if cfg.report_to:
-        accelerator.init_trackers("agentrl", config=json.loads(json.dumps(cfg.model_dump(), default=str)))
+        accelerator.init_trackers("agentrl", config=flat_hparams(json.loads(json.dumps(cfg.model_dump(), default=str))))
     return accelerator, run_dir, bf16
 
 

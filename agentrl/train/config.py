@@ -149,6 +149,14 @@ class TrainConfig(Strict):
 
         return under(section_defaults(cls), train_defaults(data.get("env", "calculator")))
 
+    @pydantic.field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker(cls, value: Any) -> Any:
+        """``report_to="tensorboard"`` (TRL's spelling of one tracker) is ``[tensorboard]``; "none" is none."""
+        if isinstance(value, str):
+            return [] if value in ("none", "") else [value]
+        return value
+
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
         if self.sampling.temperature == 0:
