@@ -115,10 +115,11 @@ def cmd_train(args: list[str]) -> int:
     from agentrl.learn.batch import EmptyBatchError
     from agentrl.rollout.ahead import RolloutAheadError
     from agentrl.train.config import TrainConfig
+    from agentrl.train.resume_config import resume_overrides
     from agentrl.train.trainer import Trainer
 
     try:
-        cfg = build(TrainConfig, parse_overrides(args))
+        cfg = build(TrainConfig, resume_overrides(parse_overrides(args)))  # resume=: the saved config, checked
         trainer = Trainer(cfg)  # runs preflight_train first, as it does for Python callers
         trainer.train()
     except (EmptyBatchError, DistributedError, RolloutAheadError, ShardingError) as exc:  # every episode failed / a peer rank died / ...: the cause, in one line

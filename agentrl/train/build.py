@@ -33,6 +33,7 @@ from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.guidance import GuidedRollouts, has_demonstrations
 from agentrl.train.checkpoint import open_run
 from agentrl.train.config import TrainConfig
+from agentrl.train.resume_config import resume_overrides
 
 
 def config_from(config: TrainConfig | None, env: str | Environment | None, keys: dict[str, Any]) -> TrainConfig:
@@ -45,7 +46,7 @@ def config_from(config: TrainConfig | None, env: str | Environment | None, keys:
     elif env is not None:
         overrides["env"] = env
     if config is None:
-        return build(TrainConfig, overrides)
+        return build(TrainConfig, resume_overrides(overrides))
     if not overrides:
         return config
     base = config.model_dump(exclude_unset=True)
