@@ -79,14 +79,22 @@ def test_train_sampling_and_rollout_keep_their_train_defaults():
     cfg = build(TrainConfig, parse_overrides(["sampling.top_p=0.9"]))
     assert (cfg.sampling.temperature, cfg.sampling.top_p) == (0.7, 0.9)
     cfg = build(TrainConfig, parse_overrides(["rollout.max_completion_tokens=512"]))
-    assert (cfg.rollout.max_tokens_per_turn, cfg.rollout.max_completion_tokens, cfg.rollout.max_context) == (64, 512, 1024)
+    assert (cfg.rollout.max_tokens_per_turn, cfg.rollout.max_completion_tokens, cfg.rollout.max_context) == (
+        64,
+        512,
+        1024,
+    )
     cfg = build(TrainConfig, parse_overrides(["rollout.max_completion_tokens=128", "sampling.min_tokens=120"]))
     assert cfg.sampling.temperature == 0.7 and cfg.rollout.max_tokens_per_turn == 64
 
 
 def test_environment_defaults_stay_above_the_commands_and_below_the_users():
     cfg = build(TrainConfig, parse_overrides(["env=math_python", "rollout.max_context=2048"]))
-    assert (cfg.rollout.max_tokens_per_turn, cfg.rollout.max_completion_tokens, cfg.rollout.max_context) == (128, 320, 2048)
+    assert (cfg.rollout.max_tokens_per_turn, cfg.rollout.max_completion_tokens, cfg.rollout.max_context) == (
+        128,
+        320,
+        2048,
+    )
     cfg = build(TrainConfig, parse_overrides(["guidance.weight=2.0"]))  # calculator's guidance defaults kept
     assert cfg.guidance.enabled and cfg.guidance.keep == "above_mean" and cfg.guidance.weight == 2.0
 

@@ -28,7 +28,11 @@ from agentrl.environments.calculator import CalculatorEnv
 
 HERE = Path(__file__).resolve().parent
 SPEC = str(HERE / "stateful_envs.py")
-CALL = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}]}
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}],
+}
 
 
 async def _interleave(env: Any, n: int) -> list[dict[str, float | None]]:
@@ -143,7 +147,10 @@ class LockedEnv(CalculatorEnv):
 
 def test_what_cannot_be_copied_is_refused_by_name_and_can_be_declared_shared():
     env = LockedEnv(num_train=50, num_test=10)
-    with pytest.raises(SpawnError, match=r"LockedEnv\.lock \(lock\) cannot be copied for each concurrent episode.*`shared = \(\.\.\.\)`"):
+    with pytest.raises(
+        SpawnError,
+        match=r"LockedEnv\.lock \(lock\) cannot be copied for each concurrent episode.*`shared = \(\.\.\.\)`",
+    ):
         env.spawn()
 
     class SharedLock(LockedEnv):
@@ -198,7 +205,11 @@ def test_a_factory_builds_one_object_per_episode():
         a, b = env.spawn(), env.spawn()
         ma, _ = await a.reset(seed=0)
         await b.reset(seed=1)
-        call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"n": 2}}}]}
+        call = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"n": 2}}}],
+        }
         await a.step(call)
         await b.step(call)
         out = await a.step(call)
@@ -213,7 +224,20 @@ def test_a_factory_builds_one_object_per_episode():
 
 def _eval_sightings(variant: str, n: int, out: Path) -> tuple[float, float]:
     """``agentrl eval`` of ``n`` concurrent episodes: (tool calls that ran, other episodes' entries seen)."""
-    assert main(["eval", f"env={SPEC}:{variant}", "env_args.num_train=100", "model=default", f"n={n}", "sampling.temperature=1.0", f"output={out}"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                f"env={SPEC}:{variant}",
+                "env_args.num_train=100",
+                "model=default",
+                f"n={n}",
+                "sampling.temperature=1.0",
+                f"output={out}",
+            ]
+        )
+        == 0
+    )
     trajs = read_jsonl(out / "results.jsonl")
     assert len(trajs) == n and all(t.error is None for t in trajs)
     return sum(t.rewards["calls"] for t in trajs), sum(t.rewards["foreign"] for t in trajs)
@@ -235,10 +259,18 @@ def test_a_64_episode_concurrent_eval_sees_no_other_episodes_state(variant, tmp_
 
 def test_training_episodes_see_no_other_episodes_state(tmp_path):
     run = tmp_path / "run"
-    argv = ["train", f"env={SPEC}:MethodToolEnv", "env_args.num_train=200", "model=default", "max_steps=2", "prompts_per_step=2", "num_generations=4", f"output_dir={run}"]
+    argv = [
+        "train",
+        f"env={SPEC}:MethodToolEnv",
+        "env_args.num_train=200",
+        "model=default",
+        "max_steps=2",
+        "prompts_per_step=2",
+        "num_generations=4",
+        f"output_dir={run}",
+    ]
     assert main(argv) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(rows) == 2
     assert all(r["reward/calls"] > 0 for r in rows)
     assert all(r["reward/foreign"] == 0 for r in rows)
-

@@ -32,7 +32,10 @@ def test_resume_takes_the_saved_config_and_the_keys_that_may_change(lora_run):
     assert cfg.max_steps == 2 and cfg.rollout.max_completion_tokens == 96
 
 
-@pytest.mark.parametrize("key,value", [("env", "calculator"), ("learning_rate", 1e-3), ("peft.r", 8), ("num_generations", 8), ("loss.loss_type", "grpo")])
+@pytest.mark.parametrize(
+    "key,value",
+    [("env", "calculator"), ("learning_rate", 1e-3), ("peft.r", 8), ("num_generations", 8), ("loss.loss_type", "grpo")],
+)
 def test_resume_refuses_a_key_that_changes_what_is_trained(lora_run, key, value):
     with pytest.raises(ConfigError, match=rf"resume=latest: {key}=.* differs from the run's {key}="):
         config_from(None, None, {"resume": "latest", "output_dir": str(lora_run), key: value})

@@ -27,7 +27,10 @@ SMALL = ["model=default", "max_steps=1", "prompts_per_step=2", "num_generations=
         ("MissingColumnEnv", "reward 'needs_missing_column' asks for ['reference'], which neither the episode"),
         ("TrlRewardEnv", "reward 'trl_format_reward' asks for ['completions']"),
         ("KwargsEnv", "reward 'kwargs_and_missing' asks for ['reference']"),
-        ("CompletionColumnEnv", "reward 'correct' asks for 'completion', which is both a column of the tasks and the episode's 'completion'"),
+        (
+            "CompletionColumnEnv",
+            "reward 'correct' asks for 'completion', which is both a column of the tasks and the episode's 'completion'",
+        ),
     ],
 )
 @pytest.mark.parametrize("command", ["train", "eval"])
@@ -56,7 +59,19 @@ def test_a_raising_reward_stops_the_run_with_its_name(tmp_path, capsys):
 
 def test_with_reward_errors_drop_the_episodes_are_counted_on_the_step_line(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(["train", f"env={ENVS}:FlakyEnv", *SMALL, "num_generations=8", "rollout.reward_errors=drop", f"output_dir={out}"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                f"env={ENVS}:FlakyEnv",
+                *SMALL,
+                "num_generations=8",
+                "rollout.reward_errors=drop",
+                f"output_dir={out}",
+            ]
+        )
+        == 0
+    )
     [row] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     dropped = row["rollout/episodes/reward_errors"]
     assert 0 < dropped < 16 and row["rollout/episodes/errors"] == dropped

@@ -11,7 +11,14 @@ from agentrl.core.overrides import build
 from agentrl.observe.trackers import flat_hparams
 from agentrl.train.config import TrainConfig
 
-SMALL = ["env=calculator", "model=default", "max_steps=2", "prompts_per_step=2", "num_generations=4", "save_final=false"]
+SMALL = [
+    "env=calculator",
+    "model=default",
+    "max_steps=2",
+    "prompts_per_step=2",
+    "num_generations=4",
+    "save_final=false",
+]
 # What a TRL user reads, under agentrl's names (docs/from_trl.md has the table).
 DOCUMENTED = [
     "reward/mean", "reward/group_std", "reward/correct", "reward/correct/std", "completions/mean_length",

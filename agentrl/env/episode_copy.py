@@ -86,7 +86,9 @@ def _is_descriptor(value: Any) -> bool:
     return hasattr(type(value), "__get__") and not isinstance(value, types.MethodType)
 
 
-def per_episode_copy(obj: Any, memo: dict[int, Any], *, keep: Iterable[str] = (), reset: dict[str, Any] | None = None) -> Any:
+def per_episode_copy(
+    obj: Any, memo: dict[int, Any], *, keep: Iterable[str] = (), reset: dict[str, Any] | None = None
+) -> Any:
     """A copy of ``obj`` whose mutable instance and class attributes are its own.
 
     ``keep``: names shared with ``obj`` on top of the class's ``shared``; ``reset``: names set to

@@ -66,13 +66,21 @@ class FactoryEnvironment(ToolEnvironment):
         tools: Sequence[Tool | Callable[..., Any]] = (),
     ) -> None:
         if not callable(environment_factory):
-            raise EnvError(f"environment_factory must be a class or a callable returning an object, got {type(environment_factory).__name__}")
+            raise EnvError(
+                f"environment_factory must be a class or a callable returning an object, got {type(environment_factory).__name__}"
+            )
         self.environment_factory = environment_factory
         self._instance = environment_factory()
         methods = [FunctionTool(getattr(self._instance, name), name=name) for name in public_methods(self._instance)]
         if not methods and not tools:
             raise EnvError(f"{_name(environment_factory)} has no public methods to offer as tools")
-        super().__init__(tools=[*methods, *tools], rewards=rewards, datasets=datasets, system_prompt=system_prompt, max_turns=max_turns)
+        super().__init__(
+            tools=[*methods, *tools],
+            rewards=rewards,
+            datasets=datasets,
+            system_prompt=system_prompt,
+            max_turns=max_turns,
+        )
 
     @property
     def instance(self) -> Any:
@@ -85,7 +93,9 @@ class FactoryEnvironment(ToolEnvironment):
         # The memo maps the prototype to the fresh object: the copied tools are bound to it.
         return per_episode_copy(self, {id(self._instance): fresh}, reset={"_episode": None})
 
-    async def reset(self, task: dict[str, Any] | None = None, seed: int | None = None) -> tuple[list[Message], dict[str, Any]]:
+    async def reset(
+        self, task: dict[str, Any] | None = None, seed: int | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         messages, info = await super().reset(task, seed)
         hook = getattr(self._instance, "reset", None)
         if callable(hook):

@@ -53,7 +53,11 @@ def _children(obj: Any, follow_code: bool) -> Iterator[tuple[str, Any]]:
         yield ".__self__", obj.__self__
         yield ".__func__", obj.__func__
     elif isinstance(obj, types.FunctionType):
-        if not follow_code or obj.__module__ and obj.__module__.split(".")[0] in _NOT_USER_CODE | set(sys.stdlib_module_names):
+        if (
+            not follow_code
+            or obj.__module__
+            and obj.__module__.split(".")[0] in _NOT_USER_CODE | set(sys.stdlib_module_names)
+        ):
             return
         for cell, name in zip(obj.__closure__ or (), obj.__code__.co_freevars):
             try:
@@ -87,7 +91,11 @@ def reachable(root: Any, label: str, follow_code: bool) -> dict[int, tuple[str, 
     queue: deque[tuple[str, Any]] = deque([(label, root)])
     while queue and len(visited) < MAX_OBJECTS:
         path, obj = queue.popleft()
-        if id(obj) in visited or is_dataset(obj) or isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType):
+        if (
+            id(obj) in visited
+            or is_dataset(obj)
+            or isinstance(obj, type | types.ModuleType | types.BuiltinFunctionType)
+        ):
             continue
         code = isinstance(obj, types.FunctionType | types.MethodType)
         if is_immutable(obj) and not code:

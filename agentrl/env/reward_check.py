@@ -50,7 +50,11 @@ def check_reward_arguments(rewards: Sequence[Reward], context: dict[str, Any], c
     for r in rewards:
         missing = [a for a in required_arguments(r) if a not in context]
         if missing:
-            hint = " (rewards here score one episode: `completion` is its text; a TRL-style batched function takes lists)" if "completions" in missing else ""
+            hint = (
+                " (rewards here score one episode: `completion` is its text; a TRL-style batched function takes lists)"
+                if "completions" in missing
+                else ""
+            )
             raise RewardArgumentError(
                 f"reward {r.name!r} asks for {missing}, which neither the episode ({', '.join(sorted(episode))}) "
                 f"nor the task's columns ({', '.join(sorted(columns)) or 'none'}) provide{hint}"

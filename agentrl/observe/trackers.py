@@ -28,4 +28,3 @@ def flat_hparams(config: dict[str, Any], prefix: str = "") -> dict[str, Scalar]:
         else:
             out[name] = json.dumps(value, default=str)
     return out
-

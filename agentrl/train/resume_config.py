@@ -50,7 +50,9 @@ def resume_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     if not resume:
         return overrides
     run_dir, saved = saved_config(str(resume), overrides.get("output_dir"))
-    defaults = json.loads(json.dumps(build(TrainConfig, {"env": saved.get("env", "calculator")}).model_dump(), default=str))
+    defaults = json.loads(
+        json.dumps(build(TrainConfig, {"env": saved.get("env", "calculator")}).model_dump(), default=str)
+    )
     for key, value in _leaves(overrides):
         top = key.split(".")[0]
         if top in MAY_CHANGE:
