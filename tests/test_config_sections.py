@@ -109,3 +109,10 @@ def test_help_shows_what_a_run_uses(capsys):
     assert "sampling.temperature  float  (default: 0.7)" in out and "sampling.top_p  float  (default: 0.9)" in out
     assert main(["train", "sampling.nope=1", "--help"]) == 2
     assert "sampling.nope: unknown key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key,suggested", [("beta", "loss.beta"), ("epsilon", "loss.epsilon"), ("delta", "loss.delta"), ("top_p", "sampling.top_p")])
+def test_did_you_mean_searches_the_nested_sections(key, suggested):
+    """Before issue 41 ``epsilon`` suggested ``precision``, ``delta`` ``model``, ``beta`` nothing."""
+    with pytest.raises(ConfigError, match=rf"{key}: unknown key \(did you mean {suggested}\?\)"):
+        build(TrainConfig, {key: 1})

@@ -25,7 +25,9 @@ MAY_CHANGE = frozenset({
 def saved_config(resume: str, output_dir: str | None) -> tuple[Path, dict[str, Any]]:
     """The run folder of the checkpoint ``resume`` names and the config.json saved there."""
     from agentrl.train.checkpoint import resolve_resume
+    from agentrl.train.preflight import check_resume
 
+    check_resume(resume, output_dir)  # the same one-line errors as before the config was loaded
     try:
         checkpoint = resolve_resume(resume, Path(output_dir or "."))
     except FileNotFoundError as exc:
