@@ -3,6 +3,8 @@
 from agentrl.env.check import check_env
 from agentrl.env.dispatch import ToolRecord, ToolResult, dispatch
 from agentrl.env.environment import EnvError, Environment, Reward, ToolEnvironment
+from agentrl.env.episode_copy import SpawnError
+from agentrl.env.factory import FactoryEnvironment
 from agentrl.env.registry import make, register, registered
 from agentrl.env.tool import Tool, ToolDefinitionError, ToolError, tool
 
@@ -25,7 +27,9 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "Environment",
     "EnvError",
+    "FactoryEnvironment",
     "Reward",
+    "SpawnError",
     "Tool",
     "ToolDefinitionError",
     "ToolEnvironment",

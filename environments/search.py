@@ -127,6 +127,7 @@ def _tokens(text: str) -> list[str]:
 
 class Search(Tool):
     name = "search"
+    shared = ("corpus",)  # read-only index, built once
     timeout = 10.0
 
     def __init__(self, corpus: Corpus, k: int = 5) -> None:
@@ -146,6 +147,7 @@ class Search(Tool):
 
 class Open(Tool):
     name = "open"
+    shared = ("corpus",)
     timeout = 10.0
 
     def __init__(self, corpus: Corpus) -> None:
@@ -176,6 +178,7 @@ class SearchEnv(ToolEnvironment):
     accuracy_reward = "correct"
 
     system_prompt = SYSTEM_PROMPT
+    shared = ("corpus", "facts", "_pool")  # the read-only corpus and question pool, built once
 
     def __init__(self, num_test: int = 100, seed: int = 0, k: int = 5, max_turns: int = 8) -> None:
         if not isinstance(k, int) or k < 1:

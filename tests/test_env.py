@@ -297,3 +297,20 @@ def test_check_env_reports_several_problems_at_once():
     with pytest.raises(EnvCheckError) as err:
         check_env(Worse(datasets={"train": DATA}))
     assert len(err.value.problems) >= 3
+
+
+def test_a_file_spec_imports_a_module_beside_it(tmp_path):
+    """``file.py:Class`` needed PYTHONPATH=. to import a helper next to the file (issue 41)."""
+    folder = tmp_path / "myproject"
+    folder.mkdir()
+    (folder / "issue41_helpers.py").write_text("QUESTION = 'What is 2 + 2?'\n")
+    (folder / "my_env.py").write_text(
+        "from issue41_helpers import QUESTION\n"
+        "from datasets import Dataset\n"
+        "from agentrl import ToolEnvironment\n"
+        "class MyEnv(ToolEnvironment):\n"
+        "    def load_dataset(self, split):\n"
+        "        return Dataset.from_list([{'question': QUESTION}])\n"
+    )
+    env = make(f"{folder / 'my_env.py'}:MyEnv")
+    assert env.dataset("train")[0]["question"] == "What is 2 + 2?"

@@ -17,6 +17,7 @@ class PythonTool(Tool):
     """Runs Python code in the sandbox; ``sandbox`` or ``SandboxConfig`` keyword arguments configure it."""
 
     name = "python"
+    shared = ("sandbox",)  # one pool of sandbox slots for every episode (its limit is the point)
 
     def __init__(self, sandbox: Sandbox | None = None, **config: Any) -> None:
         if sandbox is not None and config:

@@ -36,15 +36,18 @@ def config_keys(model: type[BaseModel], prefix: str = "", defaults: BaseModel | 
     return rows
 
 
-def format_help(usage: str, model: type[BaseModel] | None, shortcuts: dict[str, str] | None = None, config_files: bool = True) -> str:
+def format_help(
+    usage: str, model: type[BaseModel] | None, shortcuts: dict[str, str] | None = None, config_files: bool = True, defaults: BaseModel | None = None
+) -> str:
     """The usage line, then one block per key: ``key  type  (default: x)`` and its description.
-    ``config_files``: the command takes ``config=file.yaml`` (every key=value command but ``view``)."""
+    ``config_files``: the command takes ``config=file.yaml`` (every key=value command but ``view``);
+    ``defaults``: a validated config whose values are shown as the defaults (keys given with --help)."""
     lines = [usage.rstrip(), ""]
     if model is None:
         lines.append("This command takes no keys.")
         return "\n".join(lines)
     lines.append("keys (key=value; nested keys with dots; config=file.yaml|json loads a file first):" if config_files else "keys (key=value):")
-    for key, kind, default, doc in config_keys(model):
+    for key, kind, default, doc in config_keys(model, defaults=defaults):
         lines.append(f"  {key}  {kind}  (default: {default})")
         if doc:
             lines.append(f"      {doc}")

@@ -48,9 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if any(a in HELP_FLAGS for a in rest) and command != "view":  # view prints its own usage
         try:
-            print(command_help(command))
+            print(command_help(command, [a for a in rest if a not in HELP_FLAGS]))
         except BrokenPipeError:  # agentrl train --help | head
             pass
+        except UserError as exc:  # the keys given with --help do not validate
+            print(f"agentrl {command}: {_one_line(str(exc))}", file=sys.stderr)
+            return 2
         return 0
 
     try:
@@ -74,15 +77,24 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def command_help(command: str) -> str:
-    """``agentrl <command> --help``: the summary and every key, generated from the command's config model."""
+def command_help(command: str, keys: list[str] | None = None) -> str:
+    """``agentrl <command> --help``: the summary and every key, generated from the command's config model.
+
+    With ``keys`` (``agentrl train env=math_python --help``), the defaults shown are what a run with
+    those keys would use: the environment's ``train_defaults`` and the keys themselves applied.
+    """
     from agentrl.cli.help import format_help
-    from agentrl.core.overrides import SHORTCUTS
+    from agentrl.core.overrides import SHORTCUTS, build, parse_overrides
 
     summary, _, model = COMMANDS[command]
     usage = f"usage: agentrl {command} [key=value ...]\n\n{summary}"
     shortcuts = SHORTCUTS if command in ("train", "eval") else None
-    return format_help(usage, _load(model) if model else None, shortcuts)
+    config_model = _load(model) if model else None
+    used = None
+    if config_model is not None and keys:
+        used = build(config_model, parse_overrides(keys, shortcuts={} if shortcuts is None else None))
+        usage += f"\n\ndefaults below: what a run with {' '.join(keys)} uses"
+    return format_help(usage, config_model, shortcuts, defaults=used)
 
 
 def _load(target: str) -> Any:
@@ -107,14 +119,16 @@ def cmd_train(args: list[str]) -> int:
     from agentrl.train.config import TrainConfig
     from agentrl.train.disaggregated import serve_if_generator
     from agentrl.train.preflight import preflight_train
+    from agentrl.train.resume_config import resume_overrides
     from agentrl.train.trainer import Trainer
 
     try:
-        cfg = build(TrainConfig, parse_overrides(args))
-        preflight_train(cfg)
-        if cfg.distributed.generator_ranks and serve_if_generator(cfg):  # this rank generates until the trainers stop
-            return 0
-        trainer = Trainer(cfg)
+        cfg = build(TrainConfig, resume_overrides(parse_overrides(args)))  # resume=: the saved config, checked
+        if cfg.distributed.generator_ranks:
+            preflight_train(cfg)
+            if serve_if_generator(cfg):  # this rank generates until the trainers stop
+                return 0
+        trainer = Trainer(cfg)  # runs preflight_train first, as it does for Python callers
         trainer.train()
     except (EmptyBatchError, DistributedError, RolloutAheadError, ShardingError) as exc:  # every episode failed / a peer rank died / ...: the cause, in one line
         print(f"agentrl train: {exc}", file=sys.stderr)

@@ -35,6 +35,8 @@ def load_spec(target: str) -> Any:
             assert module_spec and module_spec.loader
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[mod_name] = module
+            if str(path.parent) not in sys.path:  # a module beside the file imports, as under `python file.py`
+                sys.path.append(str(path.parent))  # appended: never shadows an installed package
             try:
                 module_spec.loader.exec_module(module)
             except BaseException:

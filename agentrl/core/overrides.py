@@ -65,10 +65,34 @@ def build(model: type[T], overrides: dict[str, Any]) -> T:
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
                 close = difflib.get_close_matches(str(err["loc"][-1]), _fields_at(model, err["loc"][:-1]), n=1)
-                if close:
+                nested = _nested_match(model, str(err["loc"][-1])) if len(err["loc"]) == 1 else None
+                if nested:  # a key of a section given at the top (TRL's flat names: beta, epsilon)
+                    msg += f" (did you mean {nested}?)"
+                elif close:
                     msg += f" (did you mean {'.'.join([*map(str, err['loc'][:-1]), close[0]])}?)"
             lines.append(f"{key}: {msg}" if key else msg)
         raise ConfigError("invalid configuration: " + "; ".join(lines)) from None
+
+
+def _nested_match(model: type[BaseModel], name: str, prefix: str = "") -> str | None:
+    """The dotted key of a section's field named exactly ``name`` (``beta`` -> ``loss.beta``), if any."""
+    for field_name, field in model.model_fields.items():
+        section = _section_of(field.annotation)
+        if section is None:
+            continue
+        if name in section.model_fields:
+            return f"{prefix}{field_name}.{name}"
+        found = _nested_match(section, name, f"{prefix}{field_name}.")
+        if found:
+            return found
+    return None
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    for arg in (annotation, *(getattr(annotation, "__args__", ()) or ())):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

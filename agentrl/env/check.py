@@ -1,7 +1,8 @@
 """``check_env``: catch environment mistakes before a training run does, and name them precisely.
 
 In the spirit of gymnasium's env checker: API shapes of ``reset`` and ``step``, seeding
-determinism, tool schemas, misuse handling and instance independence. Every problem found is
+determinism, tool schemas, misuse handling and instance independence: two interleaved episodes
+from ``spawn()`` must share no mutable state (``agentrl.env.isolation``). Every problem found is
 collected; the raised ``EnvCheckError`` lists them all.
 """
 
@@ -16,6 +17,8 @@ import anyio
 from agentrl.core.errors import UserError
 from agentrl.core.step import StepResult
 from agentrl.env.environment import EnvError, Environment
+from agentrl.env.episode_copy import SpawnError
+from agentrl.env.isolation import bound_to, changed, shared_between, snapshot
 from agentrl.env.tool import ToolDefinitionError
 
 ROLES = {"system", "user", "assistant", "tool"}
@@ -72,8 +75,56 @@ async def acheck_env(env: Any, seed: int = 0) -> None:
     await _check_step(env, problems)
     if env is not other and getattr(env, "episode", None) is not None and env.episode is other.episode:
         problems.append("spawn() returned an instance sharing episode state with the original")
+    problems += await _check_isolation(env, seed)
     if problems:
         raise EnvCheckError(name, problems)
+
+
+_FIX = "create it in reset() (or keep it in the injected `state` dict), or list it in the class's `shared = (...)` if sharing is meant"
+
+
+async def _check_isolation(env: Environment, seed: int) -> list[str]:
+    """Two episodes from ``spawn()``, interleaved: neither may see what the other writes."""
+    try:
+        a, b = env.spawn(), env.spawn()
+    except SpawnError as exc:
+        return [str(exc)]
+    problems = [
+        f"{name} is a bound method of the instance spawn() was called on, so every episode writes to that one instance; "
+        "override spawn() only through agentrl's (it rebinds them) or use FactoryEnvironment"
+        for name in bound_to(a, env)
+    ]
+    problems += [f"two episodes from spawn() share the mutable {path}; {_FIX}" for path in shared_between(a, b)[:5]]
+    if await _reset(a, seed, problems) is None or await _reset(b, seed + 1, problems) is None:
+        return problems
+    for acting, watching in ((a, b), (b, a)):
+        before = snapshot(watching)
+        try:
+            await acting.step({"role": "assistant", "content": "", "tool_calls": _valid_calls(acting)})
+        except Exception:  # _check_step reports a step that raises
+            continue
+        problems += [f"a step of one episode changed {path}, which a concurrent episode sees; {_FIX}" for path in changed(before, snapshot(watching))[:5]]
+    return sorted(set(problems), key=problems.index)
+
+
+def _valid_calls(env: Environment) -> list[dict[str, Any]]:
+    """One call to every tool with arguments its schema accepts, so the tools really run."""
+    calls = []
+    for t in env.tools:
+        try:
+            params = t.schema["function"].get("parameters", {})
+        except ToolDefinitionError:
+            continue
+        props = params.get("properties", {})
+        args = {name: _example(props.get(name, {})) for name in params.get("required", [])}
+        calls.append({"type": "function", "id": f"isolation-{t.tool_name}", "function": {"name": t.tool_name, "arguments": args}})
+    return calls
+
+
+def _example(prop: dict[str, Any]) -> Any:
+    if prop.get("enum"):
+        return prop["enum"][0]
+    return {"string": "1", "integer": 1, "number": 1.0, "boolean": False, "array": [], "object": {}}.get(prop.get("type"), "1")
 
 
 def _check_tools(env: Environment) -> list[str]:

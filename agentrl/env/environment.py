@@ -4,7 +4,8 @@
 messages, ``step(assistant_message)`` gives the environment's reply, a reward and the episode
 flags. ``ToolEnvironment`` implements both for the common case — a task dataset, tools and reward
 functions — so most environments only declare those. One instance runs one episode at a time;
-``spawn()`` makes another that shares tools (and so their concurrency limits) and datasets.
+``spawn()`` makes another with its own copy of every mutable attribute (``agentrl.env.episode_copy``):
+only the datasets, the tools' concurrency limits and what a class lists in ``shared`` are common.
 """
 
 from __future__ import annotations
@@ -17,16 +18,26 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentrl.core.errors import AgentrlError
+from agentrl.core.errors import AgentrlError, UserError
 from agentrl.core.messages import Message, ParsedResponse
 from agentrl.core.records import ToolRecord
 from agentrl.core.step import StepResult
+from agentrl.env.episode_copy import per_episode_copy
 from agentrl.env.replay import run_tools
 from agentrl.env.tool import Tool, as_tool
 
 
 class EnvError(AgentrlError, RuntimeError):
     """Misuse of an environment (step before reset, step after the end, bad task...)."""
+
+
+class RewardError(UserError, RuntimeError):
+    """A reward function raised: a bug in the user's reward, stopped with its name (or counted, when asked)."""
+
+    def __init__(self, name: str, exc: BaseException) -> None:
+        self.reward_name = name
+        text = " ".join(str(exc).split())[:300]
+        super().__init__(f"reward {name!r} raised {type(exc).__name__}: {text}" if text else f"reward {name!r} raised {type(exc).__name__}")
 
 
 @dataclass
@@ -94,7 +105,10 @@ async def score(
     total = 0.0
     for r in rewards:
         if (per_turn and r.per_turn) or (episode and not r.per_turn):
-            value = await r(context)
+            try:
+                value = await r(context)
+            except Exception as exc:  # the user's reward, not the infrastructure: stopped (or counted) by name
+                raise RewardError(r.name, exc) from exc
             components[r.name] = value
             if value is not None:
                 total += r.weight * value
@@ -124,6 +138,9 @@ class Environment:
     # the part of those tuned on agentrl's bundled model (a 3M-parameter model: a learning rate and
     # step count that would wreck a pretrained one), applied only with model.path="default"
     bundled_train_defaults: dict[str, Any] = {}
+    # Attributes every concurrent episode uses as the same object (read-only data, a client, a pool);
+    # everything else mutable is copied per episode by ``spawn()``. Subclasses add names; bases' stay.
+    shared: tuple[str, ...] = ("train_defaults", "_datasets", "_dataset_cache")
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""
@@ -207,8 +224,15 @@ class Environment:
         return clone
 
     def spawn(self) -> Environment:
-        """A fresh instance for a concurrent episode; shares tools and datasets, not episode state."""
-        return copy.copy(self)
+        """A fresh instance for a concurrent episode, owning its state.
+
+        Every mutable attribute (of the instance, of its class, of its tools) is deep-copied, and
+        tools that are bound methods of this instance are bound to the copy; datasets, the tools'
+        concurrency limiters and the names listed in ``shared`` stay common. An attribute that
+        cannot be copied raises ``SpawnError`` naming it (create it in ``reset`` or list it in ``shared``).
+        """
+        self.__dict__.setdefault("_dataset_cache", {})  # created once here, so every copy shares it
+        return per_episode_copy(self, {})
 
     def sync(self) -> Any:
         """A blocking wrapper for scripts and notebooks (``reset``/``step`` without ``await``)."""
@@ -363,6 +387,5 @@ class ToolEnvironment(Environment):
         return self._episode
 
     def spawn(self) -> ToolEnvironment:
-        clone = copy.copy(self)
-        clone._episode = None
-        return clone
+        self.__dict__.setdefault("_dataset_cache", {})
+        return per_episode_copy(self, {}, reset={"_episode": None})

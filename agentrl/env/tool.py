@@ -20,6 +20,7 @@ from transformers.utils import get_json_schema
 from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
 from agentrl.core.errors import AgentrlError, UserError
+from agentrl.env.episode_copy import per_episode_copy
 from agentrl.env.tool_threads import ThreadBudget
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -49,6 +50,10 @@ class Tool:
     characters of output or error text (longer text is cut with a visible marker),
     ``max_concurrency`` calls of this tool in flight at once across all episodes sharing the
     instance; for a sync tool, threads alive at once, a hung call keeping its thread until it ends.
+
+    Each concurrent episode gets its own copy of a tool (``Environment.spawn``): attributes a
+    subclass sets are per episode unless listed in ``shared`` (a corpus, a sandbox pool); the
+    concurrency limits stay common to all copies.
     """
 
     name: str = ""
@@ -58,6 +63,7 @@ class Tool:
     max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     timeout_includes_queue: bool = True
+    shared: tuple[str, ...] = ()
 
     def run(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__}.run is not implemented")
@@ -118,8 +124,19 @@ class Tool:
                 budget = self.__dict__["_thread_budget"] = ThreadBudget(self.max_concurrency)
             return budget
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Tool:
+        """A per-episode copy: own state, the original's limiters, thread budget and schema caches."""
+        with _LIMITER_LOCK:
+            self.__dict__.setdefault("_limiters", {})
+        self.thread_budget()
+        return per_episode_copy(self, memo, keep=_COMMON_TO_COPIES)
+
     def __repr__(self) -> str:
         return f"<Tool {self._tool_name()}>"
+
+
+# What every per-episode copy of a tool shares with the original: limits are across all episodes.
+_COMMON_TO_COPIES = ("_limiters", "_thread_budget", "_schema", "_args_model")
 
 
 class FunctionTool(Tool):

@@ -171,6 +171,28 @@ def reward_metrics(trajs: list[Trajectory], accuracy: str | None = None) -> dict
         values = [t.rewards[name] for t in trajs if t.rewards.get(name) is not None]
         if values:
             out[f"reward/{name}"] = sum(values) / len(values)
+            out[f"reward/{name}/std"] = float(torch.tensor(values, dtype=torch.float64).std()) if len(values) > 1 else 0.0
     if accuracy is not None and f"reward/{accuracy}" in out:
         out["accuracy"] = out[f"reward/{accuracy}"]
-    return out
+    return out | group_metrics(trajs)
+
+
+def group_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Per-step metrics a TRL user reads (docs/training.md has the table): ``reward/group_std`` is the
+    mean over groups of the std within each group (unbiased, as ``torch.std``: what the advantages see,
+    unlike the batch's ``reward/std``); completion lengths are sampled tokens per episode; the clipped
+    ratio is the share of episodes cut by a token or turn limit."""
+    groups: dict[int, list[float]] = {}
+    for t in trajs:
+        groups.setdefault(t.group, []).append(t.reward)
+    stds = [float(torch.tensor(r, dtype=torch.float64).std()) for r in groups.values() if len(r) > 1]
+    lengths = [t.num_sampled for t in trajs]
+    if not lengths:
+        return {}
+    return {
+        "reward/group_std": sum(stds) / len(stds) if stds else 0.0,
+        "completions/mean_length": sum(lengths) / len(lengths),
+        "completions/min_length": float(min(lengths)),
+        "completions/max_length": float(max(lengths)),
+        "completions/clipped_ratio": sum(t.truncated for t in trajs) / len(trajs),
+    }

@@ -25,6 +25,7 @@ HEADLINE = (
     ("tok/s", "perf/sampled_tokens_per_s", "{:.0f}"),
     ("step s", "perf/step_s", "{:.1f}"),
     ("ETA", "perf/eta_s", "{}"),
+    ("reward errors", "rollout/episodes/reward_errors", "{:.0f}"),  # rollout.reward_errors=drop
 )
 
 

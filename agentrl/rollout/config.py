@@ -26,6 +26,9 @@ class RolloutConfig(Strict):
     max_completion_tokens: int = Field(1024, ge=1, description="sampled + environment tokens after the prompt")
     max_context: int = Field(2048, ge=16, description="prompt + completion tokens")
     max_concurrent_episodes: int = Field(256, ge=1, description="episodes in flight at once")
+    reward_errors: Literal["raise", "drop"] = Field(
+        "raise", description="a reward function that raises: raise stops the run naming the reward; drop leaves that episode out and counts it (rollout/episodes/reward_errors, on the step line)"
+    )
 
 
 class ModelConfig(Strict):

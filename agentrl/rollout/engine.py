@@ -18,6 +18,7 @@ so the model never trains on a context it would not see at inference.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -25,10 +26,13 @@ from typing import Any
 
 import anyio
 
+if sys.version_info < (3, 11):  # anyio brings the backport there
+    from exceptiongroup import BaseExceptionGroup
+
 from agentrl.chat.base import BridgeResult, ChatFormat
 from agentrl.core.step import StepResult
 from agentrl.core.trajectory import Sample, Trajectory, TrajectoryGroup, Turn
-from agentrl.env.environment import Environment
+from agentrl.env.environment import Environment, RewardError
 from agentrl.generators.config import SamplingConfig
 from agentrl.generators.protocol import Generation, Generator, SamplingParams
 from agentrl.rollout.config import RolloutConfig
@@ -117,6 +121,11 @@ class RolloutEngine:
                 for g in range(len(groups)):
                     for i in range(n):
                         tg.start_soon(one, g, i)
+        except BaseExceptionGroup as group:  # a reward raised (reward_errors=raise): that error, not the group
+            found = reward_error_in(group)
+            if found is None:
+                raise
+            raise found from None
         finally:
             if expected:  # cancelled: episodes that never started leave the count too
                 track(-expected)
@@ -134,6 +143,12 @@ class RolloutEngine:
         env = base_env.spawn()
         try:
             await self._episode(env, traj, turns or self._sample)
+        except RewardError as exc:  # the user's reward raised: stop the run by default, else drop and count it
+            if self.config.reward_errors == "raise":
+                await _close_quietly(env)
+                raise
+            traj.error = str(exc)
+            traj.finish_reason = "reward_error"
         except Exception as exc:  # generator or environment failure: drop this episode only
             traj.error = f"{type(exc).__name__}: {exc}"
             traj.finish_reason = "error"
@@ -278,3 +293,21 @@ def _add_components(total: dict[str, float | None], new: dict[str, float | None]
             total.setdefault(name, None)
         else:
             total[name] = (total.get(name) or 0.0) + value
+
+
+async def _close_quietly(env: Environment) -> None:
+    try:
+        await env.close()
+    except Exception:  # the reward's error is the one to report
+        pass
+
+
+def reward_error_in(group: BaseException) -> RewardError | None:
+    """The ``RewardError`` inside a task group's ``ExceptionGroup``, so it stops a run as itself."""
+    if isinstance(group, RewardError):
+        return group
+    for exc in getattr(group, "exceptions", ()):
+        found = reward_error_in(exc)
+        if found is not None:
+            return found
+    return None

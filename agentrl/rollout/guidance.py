@@ -20,17 +20,21 @@ reward and rollout metrics leave guided episodes out and count them (``rollout/g
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
 import anyio
+
+if sys.version_info < (3, 11):  # anyio brings the backport there
+    from exceptiongroup import BaseExceptionGroup
 
 from agentrl.chat.base import ChatFormat
 from agentrl.core.errors import AgentrlError
 from agentrl.core.trajectory import Trajectory, TrajectoryGroup
 from agentrl.env.environment import Environment
 from agentrl.generators.protocol import Generation
-from agentrl.rollout.engine import RolloutEngine, TurnRequest
+from agentrl.rollout.engine import RolloutEngine, TurnRequest, reward_error_in
 
 
 class GuidanceError(AgentrlError, RuntimeError):
@@ -72,10 +76,16 @@ class GuidedRollouts:
             traj.guided = True
             guided[g] = traj
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(samples)
-            for g in range(len(tasks)):
-                tg.start_soon(demonstrate, g)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(samples)
+                for g in range(len(tasks)):
+                    tg.start_soon(demonstrate, g)
+        except BaseExceptionGroup as group:  # a reward raised (reward_errors=raise): that error, not the group
+            found = reward_error_in(group)
+            if found is None:
+                raise
+            raise found from None
         groups = sampled[0]
         merge_guided(groups, guided, self.keep)
         return groups

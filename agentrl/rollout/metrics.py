@@ -51,6 +51,9 @@ def rollout_metrics(groups: list[TrajectoryGroup] | list[Trajectory], elapsed_s:
     }
     if len(every) > len(trajs):
         out["guided"] = len(every) - len(trajs)
+    reward_errors = sum(t.finish_reason == "reward_error" for t in trajs)
+    if reward_errors:  # rollout.reward_errors=drop: left out, and shown on the step line
+        out["episodes/reward_errors"] = reward_errors
     for kind, count in sorted(Counter(r.kind for r in records if r.kind != "ok").items()):
         out[f"tools/failures/{kind}"] = count
     for (tool, kind), count in sorted(Counter((r.tool, r.kind) for r in records if r.kind in FAILURES).items()):

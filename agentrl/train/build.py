@@ -9,12 +9,14 @@ that order and keeps only its loop.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import torch
 
 from agentrl.compute.parallel.distributed import accelerator_handlers
@@ -23,12 +25,15 @@ from agentrl.core.overrides import build, parse_overrides
 from agentrl.core.strict import ConfigError
 from agentrl.env.environment import EnvError, Environment, Reward
 from agentrl.env.registry import UnknownEnvironment, load_object, make
+from agentrl.env.reward_check import check_env_rewards
 from agentrl.learn.config import LearnerConfig
+from agentrl.observe.trackers import flat_hparams
 from agentrl.rollout.config import GuidanceConfig
 from agentrl.rollout.engine import RolloutEngine
 from agentrl.rollout.guidance import GuidedRollouts, has_demonstrations
 from agentrl.train.checkpoint import open_run
 from agentrl.train.config import TrainConfig
+from agentrl.train.resume_config import resume_overrides
 
 
 def config_from(config: TrainConfig | None, env: str | Environment | None, keys: dict[str, Any]) -> TrainConfig:
@@ -41,7 +46,7 @@ def config_from(config: TrainConfig | None, env: str | Environment | None, keys:
     elif env is not None:
         overrides["env"] = env
     if config is None:
-        return build(TrainConfig, overrides)
+        return build(TrainConfig, resume_overrides(overrides))
     if not overrides:
         return config
     base = config.model_dump(exclude_unset=True)
@@ -75,7 +80,7 @@ def start_run(cfg: TrainConfig) -> tuple[Any, Path, bool]:
         open_run(run_dir, cfg.resume)
         (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
     if cfg.report_to:
-        accelerator.init_trackers("agentrl", config=json.loads(json.dumps(cfg.model_dump(), default=str)))
+        accelerator.init_trackers("agentrl", config=flat_hparams(json.loads(json.dumps(cfg.model_dump(), default=str))))
     return accelerator, run_dir, bf16
 
 
@@ -112,6 +117,7 @@ def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environ
     if cfg.warm_start.steps and not has_demonstrations(env):
         raise ConfigError(f"warm_start.steps: env={name} ({type(env).__name__}) has no demonstrations; it must implement demonstrate() (agentrl/train/warm_start.py)")
     train = _split(env, name, "train")
+    anyio.run(check_env_rewards, env, dict(train[0]))  # a reward's wrong argument costs seconds, not a model load
     if cfg.eval_every:
         _split(env, name, "test")
     return env, train
@@ -132,6 +138,9 @@ def _split(env: Environment, name: str, split: str) -> Any:
 def _load_reward(spec: Any) -> Reward:
     try:
         fn = load_object(spec.fn)
+        if isinstance(fn, Reward):  # e.g. RewardModel(...).as_reward() or JudgeReward(...).as_reward() in a file
+            weight = spec.weight if "weight" in spec.model_fields_set else fn.weight
+            return dataclasses.replace(fn, weight=weight, name=spec.name or fn.name)
         return Reward(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
     except (UnknownEnvironment, TypeError, ValueError) as exc:
         raise ConfigError(f"extra_rewards: {spec.fn}: {exc}") from None

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import Field
 
+from agentrl.core.sections import section_defaults, under
 from agentrl.core.strict import Strict
 from agentrl.env.config import ENV_ARGS_DOC, ENV_DOC
 from agentrl.generators.config import GeneratorConfig, SamplingConfig
@@ -158,21 +159,27 @@ class TrainConfig(Strict):
         1800.0, gt=0, description="a collective waiting longer than this on a dead or stalled rank fails with an error instead of hanging; it must cover the slowest rank's rollout of one step"
     )
 
-    @pydantic.model_validator(mode="before")
     @classmethod
-    def _environment_defaults(cls, data: Any) -> Any:
-        """The environment's recommended settings (``Environment.train_defaults``) under the user's own
-        keys; its ``bundled_train_defaults`` too, but only for the bundled model (``model.path``
-        "default"): a pretrained model keeps the global defaults there (docs/training.md)."""
-        if not isinstance(data, dict):
-            return data
+    def layered_defaults(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Under the user's keys: the environment's recommended settings (``Environment.train_defaults``;
+        its ``bundled_train_defaults`` too, but only for the bundled model, ``model.path`` "default": a
+        pretrained model keeps the global defaults there, docs/training.md), and under those, this
+        command's section defaults (a key set in a section keeps the others)."""
         from agentrl.env.registry import train_defaults
 
         env = data.get("env", "calculator")
         defaults = train_defaults(env)
         if model_path(data) == "default":
-            defaults = _under(defaults, train_defaults(env, "bundled_train_defaults"))
-        return _under(defaults, data)
+            defaults = under(defaults, train_defaults(env, "bundled_train_defaults"))
+        return under(section_defaults(cls), defaults)
+
+    @pydantic.field_validator("report_to", mode="before")
+    @classmethod
+    def _one_tracker(cls, value: Any) -> Any:
+        """``report_to="tensorboard"`` (TRL's spelling of one tracker) is ``[tensorboard]``; "none" is none."""
+        if isinstance(value, str):
+            return [] if value in ("none", "") else [value]
+        return value
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -19,10 +19,11 @@ from agentrl.core.strict import ConfigError
 PROMPTS_CHECKED = 16  # the first tasks of the split whose prompts must fit rollout.max_context
 
 
-def preflight_train(cfg: Any) -> Any:
-    """Everything ``agentrl train`` can check before loading weights (``cfg``: a ``TrainConfig``).
+def preflight_train(cfg: Any, env: Any = None) -> Any:
+    """Everything ``agentrl train`` (and ``Trainer``) can check before loading weights (``cfg``: a ``TrainConfig``).
 
-    Returns the environment it built, so a caller that can take one need not build it twice.
+    ``env``: an environment instance given to ``Trainer`` (else ``cfg.env`` is built). Returns the
+    environment, so a caller that can take one need not build it twice.
     """
     from agentrl.generators.config import require_backend
 
@@ -30,8 +31,10 @@ def preflight_train(cfg: Any) -> Any:
     check_resume(cfg.resume, cfg.output_dir)
     require_backend(cfg.generator)
     check_device("rollout_device", cfg.rollout_device)
-    env = build_env(cfg.env, cfg.env_args)
+    env = build_env(cfg.env, cfg.env_args) if env is None else env
     tasks = check_dataset(env, cfg.env, "train")
+    if cfg.eval_every:
+        check_dataset(env, cfg.env, "test")
     check_task_field("curriculum.key", cfg.curriculum.key, tasks)
     for i, reward in enumerate(cfg.extra_rewards):
         check_callable(f"extra_rewards[{i}].fn", reward.fn)
@@ -48,6 +51,7 @@ def preflight_eval(cfg: Any) -> Any:
     require_backend(cfg.generator)
     env = build_env(cfg.env, cfg.env_args)
     tasks = check_dataset(env, cfg.env, cfg.split)
+    check_rewards(env, tasks)
     tokenizer = check_model(cfg.model.path)
     check_prompts_fit(env, tasks, tokenizer, cfg.model.chat_format, cfg.rollout.max_context)
     return env
@@ -89,8 +93,8 @@ def build_env(spec: str, env_args: dict[str, Any]) -> Any:
 
     try:
         factory = resolve(spec)
-    except UnknownEnvironment as exc:
-        raise ConfigError(f"env={spec}: {exc}") from None
+    except UnknownEnvironment as exc:  # kept as itself (a UserError): Python callers catch it by type
+        raise type(exc)(f"env={spec}: {exc}") from None
     except SyntaxError as exc:
         raise ConfigError(f"env={spec}: syntax error in {exc.filename} line {exc.lineno}: {exc.msg}") from None
     except Exception as exc:  # the module raised while importing
@@ -126,6 +130,16 @@ def check_task_field(key: str, field: str | None, tasks: list[Any]) -> None:
     columns = sorted(row) if isinstance(row, dict) else []
     if field not in columns:
         raise ConfigError(f"{key}: the tasks have no field {field!r} (they have {columns})")
+
+
+def check_rewards(env: Any, tasks: list[Any]) -> None:
+    """Every reward's arguments, against an episode reset on the first task (``agentrl.env.reward_check``)."""
+    import anyio
+
+    from agentrl.env.reward_check import check_env_rewards
+
+    if tasks and isinstance(tasks[0], dict):
+        anyio.run(check_env_rewards, env, dict(tasks[0]))
 
 
 def check_device(key: str, spec: str | None) -> None:

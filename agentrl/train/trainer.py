@@ -73,6 +73,7 @@ class Trainer:
     def __init__(self, config: TrainConfig | None = None, /, *, env: str | Environment | None = None, **keys: Any) -> None:
         from agentrl.chat import get_chat_format
         from agentrl.compute.models import load_tokenizer, pad_token_id, resolve_model
+        from agentrl.train.preflight import preflight_train
 
         instance = env if isinstance(env, Environment) else None
         cfg = self.cfg = config_from(config, env, keys)
@@ -82,8 +83,9 @@ class Trainer:
                   f"this run uses {', '.join(f'{k}={getattr(cfg, k)}' for k in skipped)} (set them to override)", flush=True)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        # the environment first: its mistakes must not cost a model load
-        self.env, self.train_data = load_environment(cfg, instance)
+        # the CLI's pre-checks and the environment first: their mistakes must not cost a model load or a run folder
+        built = preflight_train(cfg, instance)
+        self.env, self.train_data = load_environment(cfg, built)
         check_trackers(cfg.report_to)
         require_backend(cfg.generator)
         self.links = trainer_links(cfg)  # generator_ranks: the trainers' own process group, before accelerate starts
