@@ -153,3 +153,15 @@ def call_from_json(text: str, where: str) -> tuple[ToolCall | None, list[ParseIs
     raw = salvage_arguments(body)
     call = ToolCall(name, None, raw_arguments=body if raw is None else raw, error="bad_json")
     return call, [ParseIssue("bad_json", f"{where} ({name}): {err}")]
+
+
+def call_body(piece: str, begin: str, end: str, where: str) -> tuple[str, list[ParseIssue]]:
+    """The text of one call before its ``end`` tag (the whole piece when unclosed), and the issues of a
+    missing ``end`` or of text after it: what every begin/end-tag family checks first."""
+    issues: list[ParseIssue] = []
+    stop = piece.find(end)
+    if stop == -1:
+        issues.append(ParseIssue("unclosed_tag", f"{where}: {begin} is never closed by {end}"))
+    elif piece[stop + len(end) :].strip():
+        issues.append(ParseIssue("text_between_calls", f"after {where}: {piece[stop + len(end):].strip()[:80]!r}"))
+    return (piece if stop == -1 else piece[:stop]), issues

@@ -11,7 +11,7 @@ Text before the calls is the content. Also reads an optional ``<think>`` block (
 from __future__ import annotations
 
 from agentrl.chat.parsers.base import MAX_CALLS, ResponseParser, TemplateProbe, too_many_calls
-from agentrl.chat.parsers.calls import call_from_object, loads
+from agentrl.chat.parsers.calls import call_body, call_from_object, loads
 from agentrl.chat.parsers.names import bad_name
 from agentrl.chat.parsers.reasoning import split_reasoning
 from agentrl.chat.parsers.registry import register_parser
@@ -69,13 +69,7 @@ class DeepSeekV3Parser(ResponseParser):
 
     @staticmethod
     def _call(piece: str, where: str) -> tuple[ToolCall | None, list[ParseIssue]]:
-        issues: list[ParseIssue] = []
-        end = piece.find(CALL_END)
-        if end == -1:
-            issues.append(ParseIssue("unclosed_tag", f"{where}: {CALL_BEGIN} is never closed by {CALL_END}"))
-        elif piece[end + len(CALL_END) :].strip():
-            issues.append(ParseIssue("text_between_calls", f"after {where}: {piece[end + len(CALL_END):].strip()[:80]!r}"))
-        body = piece if end == -1 else piece[:end]
+        body, issues = call_body(piece, CALL_BEGIN, CALL_END, where)
         if SEP not in body:
             return None, [*issues, ParseIssue("missing_name", f"{where}: no {SEP} before the function name")]
         kind, _, after = body.partition(SEP)

@@ -9,7 +9,7 @@ scanning are V3's (:class:`DeepSeekV3Parser`); only a call's inside differs.
 from __future__ import annotations
 
 from agentrl.chat.parsers.base import TemplateProbe
-from agentrl.chat.parsers.calls import call_from_object, loads
+from agentrl.chat.parsers.calls import call_body, call_from_object, loads
 from agentrl.chat.parsers.deepseek_v3 import CALL_BEGIN, CALL_END, SEP, DeepSeekV3Parser
 from agentrl.chat.parsers.names import bad_name
 from agentrl.chat.parsers.registry import register_parser
@@ -24,13 +24,7 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
 
     @staticmethod
     def _call(piece: str, where: str) -> tuple[ToolCall | None, list[ParseIssue]]:
-        issues: list[ParseIssue] = []
-        end = piece.find(CALL_END)
-        if end == -1:
-            issues.append(ParseIssue("unclosed_tag", f"{where}: {CALL_BEGIN} is never closed by {CALL_END}"))
-        elif piece[end + len(CALL_END) :].strip():
-            issues.append(ParseIssue("text_between_calls", f"after {where}: {piece[end + len(CALL_END):].strip()[:80]!r}"))
-        body = piece if end == -1 else piece[:end]
+        body, issues = call_body(piece, CALL_BEGIN, CALL_END, where)
         name, found, args = body.partition(SEP)
         name = name.strip()
         if not found or not name:
