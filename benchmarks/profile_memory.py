@@ -58,13 +58,13 @@ def site(frames: list[dict[str, Any]], depth: int = 3) -> str:
 
 
 def phase_of(frames: list[dict[str, Any]]) -> str | None:
-    """``rollout`` or ``training`` by the agentrl module that allocated, else None."""
-    for f in frames:
-        name = f.get("filename", "")
-        if "agentrl/generators" in name:
-            return "rollout"
-        if any(k in name for k in ("agentrl/learner", "agentrl/logprobs", "agentrl/losses", "torch/optim")):
-            return "training"
+    """``rollout`` or ``training`` by the agentrl module that allocated, else None (generation runs
+    through agentrl/compute's model code too, so a generators frame anywhere decides first)."""
+    names = [f.get("filename", "") for f in frames]
+    if any("agentrl/generators" in n for n in names):
+        return "rollout"
+    if any(k in n for n in names for k in ("agentrl/learn/", "agentrl/compute/", "torch/optim")):
+        return "training"
     return None
 
 

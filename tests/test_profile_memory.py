@@ -19,9 +19,9 @@ def frames(*where: tuple[str, int, str]) -> list[dict]:
     return [{"filename": f, "line": line, "name": name} for f, line, name in where]
 
 
-LEARNER = frames(("/v/torch/nn/linear.py", 134, "forward"), ("/v/agentrl/learner.py", 196, "_step"))
+LEARNER = frames(("/v/torch/nn/linear.py", 134, "forward"), ("/v/agentrl/learn/learner.py", 196, "_step"))
 DECODE = frames(("/v/torch/_inductor/out.py", 9, "call"), ("/v/transformers/models/qwen2/modeling_qwen2.py", 206, "forward"),
-                ("/v/agentrl/generators/static_decode.py", 325, "forward"))
+                ("/v/agentrl/generators/hf/static_decode.py", 325, "forward"))
 
 
 def trace() -> list[dict]:
@@ -44,10 +44,10 @@ def test_the_peak_and_what_is_alive_at_it_by_site():
     assert out["peak_gib"] == round((32 * 2 + 100) / 1024, 3) and out["peak_event"] == 9  # the second step's activation
     assert out["phase_peaks"]["training"]["event"] == 9 and out["phase_peaks"]["rollout"]["event"] == 7
     sites = {s["site"]: (s["gib"], s["n"]) for s in out["sites"]}
-    leak = "call @ qwen2/modeling_qwen2.py:206 forward < generators/static_decode.py:325 forward"
+    leak = "call @ qwen2/modeling_qwen2.py:206 forward < hf/static_decode.py:325 forward"
     assert sites[leak] == (round(64 / 1024, 3), 2)  # both steps' never-freed blocks, the freed ones gone
-    assert sites["forward @ agentrl/learn/learner.py:196 _step"] == (round(100 / 1024, 3), 1)
-    assert out["peak_made_by"] == "forward @ agentrl/learn/learner.py:196 _step"
+    assert sites["forward @ learn/learner.py:196 _step"] == (round(100 / 1024, 3), 1)
+    assert out["peak_made_by"] == "forward @ learn/learner.py:196 _step"
     watched = next(s for s in out["stacks"] if s["site"] == leak)
     assert watched["event"] == 0 and watched["stream"] == 7 and watched["sizes_mib"] == [32.0]  # made in the first step
     assert watched["frames"][0] == "_inductor/out.py:9 call"

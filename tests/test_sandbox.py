@@ -66,6 +66,28 @@ def test_attack_is_contained_and_the_run_goes_on(tool: PythonTool, attack: str) 
     still_works(tool)
 
 
+def test_threads_fit_in_the_memory_limit_whatever_the_hosts_stack_limit(tool: PythonTool) -> None:
+    """Eight live threads that each allocate: thread stacks are sized from RLIMIT_STACK (a CI host
+    with a 64 MB stack) and glibc gives each allocating thread a 64 MB arena; both made "can't start
+    new thread" under the memory limit, depending on load, until the sandbox fixed its stack and arenas."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    if hard != resource.RLIM_INFINITY and hard < 64 * 2**20:
+        pytest.skip("the hard stack limit here is below 64 MB")
+    code = (
+        "import threading\nready = threading.Barrier(9)\ndef work():\n    junk = [bytes(100) for _ in range(1000)]\n"
+        "    ready.wait()\nts = [threading.Thread(target=work) for _ in range(8)]\nfor t in ts:\n    t.start()\n"
+        "    t.join(0.05)\nready.wait()\nprint('ran', len(ts))"
+    )  # each thread allocates before the next starts: the order a loaded machine gives
+    resource.setrlimit(resource.RLIMIT_STACK, (64 * 2**20, hard))
+    try:
+        text, kind, _ = call(tool, code)
+    finally:
+        resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
+    assert (text, kind) == ("ran 8", "ok"), text
+
+
 # -- behaviour ------------------------------------------------------------------------------------
 
 

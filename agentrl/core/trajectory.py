@@ -163,6 +163,14 @@ class TrajectoryGroup:
     def rewards(self) -> list[float]:
         return [t.reward for t in self.ok]
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (as :meth:`Trajectory.to_dict`), for another rank or a file."""
+        return {"task": plain(self.task), "seed": self.seed, "trajectories": [t.to_dict() for t in self.trajectories]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrajectoryGroup:
+        return cls(data["task"], data["seed"], [Trajectory.from_dict(t) for t in data["trajectories"]])
+
 
 def write_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
     with open(path, "w", encoding="utf-8") as f:

@@ -140,7 +140,7 @@ class Environment:
     bundled_train_defaults: dict[str, Any] = {}
     # Attributes every concurrent episode uses as the same object (read-only data, a client, a pool);
     # everything else mutable is copied per episode by ``spawn()``. Subclasses add names; bases' stay.
-    shared: tuple[str, ...] = ("train_defaults", "_datasets", "_dataset_cache")
+    shared: tuple[str, ...] = ("train_defaults", "bundled_train_defaults", "_datasets", "_dataset_cache")
 
     def tool_schemas(self) -> list[dict[str, Any]]:
         """OpenAI-style schemas of the tools, as chat templates render them."""

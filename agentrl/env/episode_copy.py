@@ -14,6 +14,7 @@ names the attribute and says what to do.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import enum
 import types
@@ -23,8 +24,9 @@ from typing import Any
 from agentrl.core.errors import UserError
 
 IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), range, type(Ellipsis), type(NotImplemented))
-# Objects deepcopy treats as atomic, or that are code rather than state.
-ATOMIC = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, property, staticmethod, classmethod)
+# Objects deepcopy treats as atomic, or that are code rather than state; the event loop every
+# episode runs on is the engine's, never an episode's.
+ATOMIC = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, property, staticmethod, classmethod, asyncio.AbstractEventLoop)
 
 
 class SpawnError(UserError, TypeError):

@@ -223,6 +223,11 @@ class HarnessEnvironment(Environment):
         max_body_mb: the largest request body the endpoint reads.
     """
 
+    # One loopback server (the hub) answers every episode, each under its own key; the harness
+    # function, its argument names and the reward functions hold no episode state. Each episode's
+    # own state is ``_ep``, created in ``reset``.
+    shared = ("_hub", "_wants", "rewards", "run")
+
     def __init__(
         self,
         run: Callable[..., Awaitable[Any]],

@@ -102,18 +102,23 @@ if tmpfs_bytes > 0:
                 os.chown(os.path.join(root, n), uid, uid)
         os.chown(here, uid, uid)
 """ + _SECCOMP_LOADER + """
-def lim(r, v):
+def lim(r, v, over=0):
     try:
-        resource.setrlimit(r, (v, v))
+        resource.setrlimit(r, (v, v + over))
     except (ValueError, OSError):
         soft, hard = resource.getrlimit(r)
         resource.setrlimit(r, (v if hard == resource.RLIM_INFINITY else min(v, hard), hard))
 lim(resource.RLIMIT_AS, mem)
-lim(resource.RLIMIT_CPU, cpu)
+# SIGXCPU at the soft limit says which limit it was (threads on several cores spend CPU seconds
+# faster than wall seconds); SIGKILL a second later for code that ignores it
+lim(resource.RLIMIT_CPU, cpu, 1)
 lim(resource.RLIMIT_NPROC, nproc)
 lim(resource.RLIMIT_FSIZE, fsize)
 lim(resource.RLIMIT_NOFILE, nofile)
 lim(resource.RLIMIT_CORE, 0)
+# a fixed 8 MB stack: thread stacks are sized from it, so with a host's `ulimit -s unlimited` or 64 MB
+# eight threads would not fit in the memory limit
+lim(resource.RLIMIT_STACK, 8 * 2**20)
 try:
     ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
 except Exception:
@@ -427,6 +432,9 @@ def _environment(backend: str, cwd: str) -> dict[str, str]:
     """A scrubbed environment: nothing of ours (tokens, keys, proxies) reaches the code."""
     home = WORKDIR if backend == "bwrap" else cwd
     env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "HOME": home}
+    # glibc reserves 64 MB of address space per thread's malloc arena: under the memory limit
+    # (RLIMIT_AS) four threads that each allocated would be out of memory; two arenas serve all
+    env["MALLOC_ARENA_MAX"] = "2"
     env["TMPDIR"] = "/tmp" if backend in ("bwrap", "unshare") else cwd  # /tmp is inside the disk limit there
     return env
 

@@ -4,7 +4,7 @@ Why through the protocol: the trainer hands every backend the same ``WeightUpdat
 that live on other processes, taking it means broadcasting its tensors from trainer 0 over the
 weights group (agentrl/compute/parallel/layout.py). What is sent:
 
-- a header (pickled, small): the version, the kind (``full`` or ``adapter``), every tensor's name,
+- a header (JSON, small): the version, the kind (``full`` or ``adapter``), every tensor's name,
   shape and dtype, and the wire dtype;
 - then the tensors, flattened into buckets of at most ``bucket_bytes`` in the wire dtype: bf16 when
   the trainer computes in bf16 (the generation copy's dtype, as one process decodes), else the

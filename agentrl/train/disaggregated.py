@@ -97,7 +97,7 @@ class RemoteRollouts:
             staleness = step - part["version"]
             if not 0 <= staleness <= self.cfg.max_staleness:  # the generator's wait guarantees it: a broken bound is a bug
                 raise DisaggregatedError(f"{self.roles.name(rank)}: the batch of step {step + 1} was sampled by version {part['version']}: staleness {staleness} > {self.cfg.max_staleness}")
-            groups.extend(part["groups"])
+            groups.extend(TrajectoryGroup.from_dict(g) for g in part["groups"])
             versions.append(part["version"])
         if [g.task for g in groups] != tasks:
             raise DisaggregatedError(f"the generator ranks rolled out other tasks than the trainer drew for step {step + 1}: the ranks are out of step")
@@ -254,7 +254,7 @@ def serve(cfg: TrainConfig) -> int:
             for g, group in enumerate(groups):
                 for t in group.trajectories:
                     t.group, t.policy_version = lo + g, version
-            message = {"target": target, "seed": seed, "version": version, "groups": groups, "seconds": time.perf_counter() - t0, "error": error}
+            message = {"target": target, "seed": seed, "version": version, "groups": [g.to_dict() for g in groups], "seconds": time.perf_counter() - t0, "error": error}
             what = f"sending the batch of step {target + 1} to the trainer ranks"
             links.doing(what)
             try:

@@ -7,7 +7,7 @@ store (torchrun's agent store, or rank 0's), two groups of our own:
 
 - ``weights``: trainer 0 and the generator ranks (NCCL on GPUs, gloo on CPU): trainer 0
   broadcasts each policy version to every generator at once;
-- ``trajectories``: every rank (gloo: pickled trajectory groups are host data): each generator
+- ``trajectories``: every rank (gloo: trajectory groups as JSON are host data): each generator
   sends its finished groups to every trainer, point to point.
 
 Ranks ``0 .. N-K-1`` train (rank 0 writes logs and checkpoints, as always), ranks ``N-K .. N-1``
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import os
-import pickle
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -192,14 +192,14 @@ class Links:
             f"distributed_timeout_s={self.timeout_s:g}s, or is unreachable; it was last {self.peer_doing(peer)}{cause}"
         )
 
-    # -- trajectories: pickled objects, point to point ------------------------------------------
+    # -- trajectories: JSON messages, point to point -------------------------------------------
 
     def send_object(self, obj: Any, dst: int, what: str) -> None:
         """Send ``obj`` to rank ``dst`` (its ``recv_object`` must be waiting within the timeout)."""
         self.send_objects(obj, [dst], what)
 
     def send_objects(self, obj: Any, dsts: list[int], what: str) -> None:
-        data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+        data = torch.frombuffer(bytearray(encode(obj)), dtype=torch.uint8)
         size = torch.tensor([data.numel()], dtype=torch.int64)
         for dst in dsts:
             try:
@@ -216,7 +216,7 @@ class Links:
             self.trajectories.recv([data], src, 1).wait(self.timeout)
         except Exception as exc:
             raise self.failure(what, src, exc) from exc
-        return pickle.loads(data.numpy().tobytes())
+        return decode(data.numpy().tobytes())
 
     # -- weights: trainer 0 broadcasts to every generator -----------------------------------------
 
@@ -234,10 +234,29 @@ class Links:
         size = torch.zeros(1, dtype=torch.int64, device=self.device)
         data = None
         if self.roles.rank == 0:
-            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8).to(self.device)
+            data = torch.frombuffer(bytearray(encode(obj)), dtype=torch.uint8).to(self.device)
             size.fill_(data.numel())
         self.broadcast(size, what, timeout_s)
         if data is None:
             data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
         self.broadcast(data, what, timeout_s)
-        return obj if self.roles.rank == 0 else pickle.loads(data.cpu().numpy().tobytes())
+        return obj if self.roles.rank == 0 else decode(data.cpu().numpy().tobytes())
+
+
+def encode(obj: Any) -> bytes:
+    """``obj`` (dicts, lists, strings, numbers, None) as UTF-8 JSON for another rank.
+
+    JSON, not pickle: unpickling runs whatever code the bytes name, so a rank (or anything that
+    reaches the job's ports) could run code on every rank it sends to. Non-finite floats (NaN
+    log-probs of demonstrated tokens) travel as JSON's NaN/Infinity extension, which ``decode``
+    reads back; a value that is not plain data (a numpy scalar in a task row) travels as its
+    ``tolist()`` or its text, as the results files store it."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=True, default=_plain).encode()
+
+
+def decode(data: bytes) -> Any:
+    return json.loads(data.decode())  # NaN and Infinity included
+
+
+def _plain(obj: Any) -> Any:
+    return obj.tolist() if hasattr(obj, "tolist") else str(obj)
