@@ -23,6 +23,7 @@ from agentrl.compute.parallel.distributed import accelerator_handlers
 from agentrl.compute.parallel.strategy import Strategy
 from agentrl.core.overrides import build, parse_overrides
 from agentrl.core.strict import ConfigError
+from agentrl.env.batched import BatchedReward, is_batched
 from agentrl.env.environment import EnvError, Environment, Reward
 from agentrl.env.registry import UnknownEnvironment, load_object, make
 from agentrl.env.reward_check import check_env_rewards
@@ -138,10 +139,11 @@ def _split(env: Environment, name: str, split: str) -> Any:
 def _load_reward(spec: Any) -> Reward:
     try:
         fn = load_object(spec.fn)
-        if isinstance(fn, Reward):  # e.g. RewardModel(...).as_reward() or JudgeReward(...).as_reward() in a file
+        if isinstance(fn, Reward | BatchedReward):  # e.g. RewardModel(...).as_reward() or JudgeReward(...).as_reward() in a file
             weight = spec.weight if "weight" in spec.model_fields_set else fn.weight
             return dataclasses.replace(fn, weight=weight, name=spec.name or fn.name)
-        return Reward(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
+        kind = BatchedReward if callable(fn) and is_batched(fn) else Reward  # TRL's batched signature: once per group
+        return kind(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
     except (UnknownEnvironment, TypeError, ValueError) as exc:
         raise ConfigError(f"extra_rewards: {spec.fn}: {exc}") from None
 
