@@ -68,7 +68,10 @@ from agentrl.train.warm_start import run_warm_start
 class Trainer:
     """Builds everything from a ``TrainConfig`` (or the same keys as keyword arguments) and runs ``train()``.
 
-    ``env``: a registered name, a ``module:Class`` spec, or an ``Environment`` instance.
+    ``env``: a registered name, a ``module:Class`` spec, or an ``Environment`` instance. ``model``: a
+    folder, hub id or ``"default"``, or a loaded ``PreTrainedModel``/``PeftModel`` (with
+    ``tokenizer=``, else its ``name_or_path``'s is loaded); ``peft``: ``peft.*`` keys or a
+    ``peft.LoraConfig`` (docs/training.md, the model).
     """
 
     def __init__(self, config: TrainConfig | None = None, /, *, env: str | Environment | None = None, **keys: Any) -> None:
