@@ -77,7 +77,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the environment was checked")
 
-    monkeypatch.setattr(trainer_module, "load_policy", refuse)
+    monkeypatch.setattr(trainer_module, "load_planned", refuse)
     monkeypatch.setattr("agentrl.compute.models.load_tokenizer", refuse)
 
 

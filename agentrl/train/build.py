@@ -38,8 +38,11 @@ from agentrl.train.resume_config import resume_overrides
 
 
 def config_from(config: TrainConfig | None, env: str | Environment | None, keys: dict[str, Any]) -> TrainConfig:
-    """``config`` with ``keys`` (CLI keys, dotted or nested) applied on top; an instance's class names the run."""
-    overrides = parse_overrides([f"{k}={json.dumps(v, default=str)}" for k, v in keys.items()])
+    """``config`` with ``keys`` (CLI keys, dotted or nested) applied on top; an instance's class names the run.
+
+    A ``peft.LoraConfig`` object becomes its fields as plain data; a ``torch.dtype`` its name; any other
+    object that is not plain data (a path excepted) is refused with its key, never written as its repr."""
+    overrides = parse_overrides([f"{k}={json.dumps(_plain_value(k, v), default=_path_only(k))}" for k, v in keys.items()])
     if isinstance(env, Environment):
         if "env_args" in overrides:
             raise ConfigError("env_args: only for an environment given by name; pass the arguments to your Environment instance")
@@ -52,6 +55,25 @@ def config_from(config: TrainConfig | None, env: str | Environment | None, keys:
         return config
     base = config.model_dump(exclude_unset=True)
     return build(TrainConfig, _merge(base, overrides))
+
+
+def _plain_value(key: str, value: Any) -> Any:
+    if type(value).__module__.startswith("peft."):
+        from agentrl.compute.adapters import lora_settings
+
+        return lora_settings(value)
+    return value
+
+
+def _path_only(key: str) -> Any:
+    def default(value: Any) -> str:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, torch.dtype):  # model.dtype=torch.bfloat16
+            return str(value).removeprefix("torch.")
+        raise ConfigError(f"{key}: a {type(value).__name__} object is not a config value (numbers, strings, lists, dicts, paths)")
+
+    return default
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -209,13 +231,14 @@ def _uses_dropout(model: torch.nn.Module) -> bool:
     return any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in values)
 
 
-def generation_base(path: str, kind: str) -> str:
-    """The checkpoint a separate generator loads: the policy's, or an adapter's base model."""
+def generation_base(path: str, kind: str, base: str | None = None) -> str:
+    """The checkpoint a separate generator loads: the policy's, or an adapter's base model
+    (``base``: where it was found; default: its recorded location, agentrl/compute/adapters.py)."""
     if kind != "adapter":
         return path
-    from agentrl.compute.models import resolve_model
+    from agentrl.compute.adapters import adapter_base
 
-    return resolve_model(json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"])
+    return base or adapter_base(path)
 
 
 def peak_memory_gib() -> float | None:
