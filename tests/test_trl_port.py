@@ -207,3 +207,24 @@ def test_a_batched_reward_that_raises_drops_its_group_when_asked(tmp_path):
     assert row["rollout/episodes/errors"] == 4 and row["rollout/episodes"] == 32  # the group of answer "1": counted, not silent
     with pytest.raises(Exception, match="reward 'flaky' raised ValueError: no answer key for 1"):
         GRPOTrainer(model="default", reward_funcs=flaky, args=args(tmp_path / "b", per_device_train_batch_size=32), train_dataset=tasks_).train()
+
+
+def test_a_loaded_model_its_tokenizer_and_a_lora_config_object(tmp_path):
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.compute.models import load_tokenizer, resolve_model
+
+    path = resolve_model("default")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), load_tokenizer("default")
+
+    def brief(completions, **kwargs):
+        return [1.0 if len(c[0]["content"]) < 20 else 0.0 for c in completions]
+
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model, reward_funcs=brief, args=args(tmp_path), train_dataset=tasks(), processing_class=tokenizer, peft_config=lora)
+    trainer.train()
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["model"]["path"] == "default" and saved["peft"]["r"] == 4 and saved["peft"]["target_modules"] == ["q_proj", "v_proj"]
+    merged = trainer.save_model(str(tmp_path / "merged"), merged=True)
+    assert AutoModelForCausalLM.from_pretrained(merged).config.vocab_size == model.config.vocab_size

@@ -119,8 +119,27 @@ def _forget_other_precision(mixed_precision: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
-def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environment, Any]:
-    """The environment (with ``extra_rewards`` added) and its non-empty train split."""
+def take_reward_objects(keys: dict[str, Any]) -> tuple[dict[str, Any], list[Reward | BatchedReward]]:
+    """``Trainer`` keys with the Python objects of ``extra_rewards`` taken out: a ``Reward`` (e.g.
+    ``RewardModel(...).as_reward()``), a ``BatchedReward`` or a plain function. They cannot be written
+    to config.json, so they stay out of it (give them again on resume); specs (``{fn: "mod:f"}``) stay."""
+    specs = keys.get("extra_rewards")
+    if not isinstance(specs, list | tuple):
+        return keys, []
+    objects: list[Reward | BatchedReward] = []
+    kept = []
+    for spec in specs:
+        if isinstance(spec, Reward | BatchedReward):
+            objects.append(spec)
+        elif callable(spec):
+            objects.append(BatchedReward(spec) if is_batched(spec) else Reward(spec))
+        else:
+            kept.append(spec)
+    return {**keys, "extra_rewards": kept}, objects
+
+
+def load_environment(cfg: TrainConfig, env: Environment | None, extra: list[Reward | BatchedReward] = ()) -> tuple[Environment, Any]:  # type: ignore[assignment]
+    """The environment (with ``extra_rewards`` and the reward objects ``extra`` added) and its non-empty train split."""
     name = cfg.env
     if env is None:
         try:
@@ -132,7 +151,7 @@ def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environ
     if not isinstance(env, Environment):
         raise ConfigError(f"env={name}: expected an agentrl Environment, got {type(env).__name__}")
     try:
-        env = env.with_rewards([_load_reward(r) for r in cfg.extra_rewards])
+        env = env.with_rewards([*(_load_reward(r) for r in cfg.extra_rewards), *extra])
     except EnvError as exc:
         raise ConfigError(f"extra_rewards: {exc}") from None
     if cfg.guidance.enabled and not has_demonstrations(env):

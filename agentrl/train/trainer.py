@@ -54,6 +54,7 @@ from agentrl.train.build import (
     load_environment,
     peak_memory_gib,
     start_run,
+    take_reward_objects,
     with_guidance,
 )
 from agentrl.train.config import TrainConfig, skipped_bundled_defaults
@@ -81,6 +82,7 @@ class Trainer:
 
         instance = env if isinstance(env, Environment) else None
         keys, module, tokenizer = take_model_objects(keys)  # model=<PreTrainedModel>: its name_or_path in config.json
+        keys, reward_objects = take_reward_objects(keys)  # extra_rewards=[Reward(...), fn]: Python objects, not config
         cfg = self.cfg = config_from(config, env, keys)
         skipped = skipped_bundled_defaults(cfg)
         if skipped:  # never silent: the user sees what the environment tuned on the bundled model and this run does not use
@@ -90,7 +92,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         # the CLI's pre-checks and the environment first: their mistakes must not cost a model load or a run folder
         built = preflight_train(cfg, instance, tokenizer=tokenizer)
-        self.env, self.train_data = load_environment(cfg, built)
+        self.env, self.train_data = load_environment(cfg, built, reward_objects)
         plan = plan_model(cfg, module)  # kind, dtype, an adapter's base: checked before the run folder
         check_trackers(cfg.report_to)
         require_backend(cfg.generator)

@@ -96,9 +96,10 @@ class GRPOTrainer:
         """Train; returns the last step's metrics (the run folder holds every step's)."""
         return self.trainer.train()
 
-    def save_model(self, output_dir: str | None = None, **kwargs: Any) -> Any:
-        """The model (or the LoRA adapter) to ``output_dir`` (default: the run folder's ``final``)."""
-        return self.trainer.save_model(output_dir, **kwargs)
+    def save_model(self, output_dir: str | None = None, merged: bool = False) -> Any:
+        """The model (LoRA: the adapter folder, or with ``merged=True`` the base with the adapter
+        folded in) to ``output_dir``, as TRL's (default: the run's ``output_dir``)."""
+        return self.trainer.save_model(output_dir or self.trainer.run_dir, merged=merged)
 
 
 def _rewards(funcs: Any, weights: Sequence[float] | None) -> list[Reward | BatchedReward]:

@@ -24,7 +24,7 @@ class CalculatorTools:
         """Evaluate an arithmetic expression.
 
         Args:
-            expression: The expression to evaluate, e.g. "12 + 7".
+            expression: The expression, e.g. "12 * 7".
         """
         self.calls.append(expression)
         match = re.fullmatch(r"\s*(-?\d+)\s*([-+*])\s*(-?\d+)\s*", expression)
