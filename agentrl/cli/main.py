@@ -220,7 +220,7 @@ def load_generation(model_cfg: Any, gen_cfg: Any) -> tuple[Any, Any]:
     chat_format = get_chat_format(tokenizer, model_cfg.chat_format)
     pad = pad_token_id(tokenizer, chat_format.stop_token_ids)
     model = None
-    if gen_cfg.backend == "transformers":  # the vLLM backends load the checkpoint themselves
+    if gen_cfg.decodes_the_policy:  # the vLLM backends load the checkpoint themselves
         dtype = None if model_cfg.dtype == "auto" else getattr(torch, model_cfg.dtype)
         model = load_model(model_cfg.path, dtype=dtype, device=model_cfg.device)
     generator = build_generator(gen_cfg, model_path=model_cfg.path, pad_token_id=pad, max_context=None, model=model)

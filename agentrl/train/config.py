@@ -241,7 +241,7 @@ class TrainConfig(Strict):
         if self.eval_every == 0 and self.model_fields_set & {"eval_tasks", "eval_temperature", "eval_seed"}:
             raise ValueError("eval_tasks/eval_temperature/eval_seed have no effect without eval_every > 0")
         if self.peft is not None and self.peft.load_in_4bit:
-            if self.generator.backend != "transformers":
+            if not self.generator.decodes_the_policy:
                 raise ValueError(f"peft.load_in_4bit=true (QLoRA): generator.backend={self.generator.backend} cannot take a 4-bit base's weights; use generator.backend=transformers")
             if self.max_staleness > 0:
                 raise ValueError("peft.load_in_4bit=true (QLoRA) with max_staleness > 0: the rollouts-ahead copy of a 4-bit model is not supported; use max_staleness=0")
@@ -256,7 +256,7 @@ class TrainConfig(Strict):
                 raise ValueError("distributed.strategy=fsdp: optimizer=adamw_8bit does not take sharded parameters (FSDP already divides AdamW's state by the number of ranks); use optimizer=auto or adamw")
             if self.optimizer_offload:
                 raise ValueError("distributed.strategy=fsdp: optimizer_offload is not supported with sharded parameters (FSDP already divides AdamW's state by the number of ranks)")
-            if self.generator.backend != "transformers":
+            if not self.generator.decodes_the_policy:
                 raise ValueError("distributed.strategy=fsdp: only generator.backend=transformers decodes from the gathered copy so far")
         if self.warm_start.steps and self.max_staleness > 0:
             raise ValueError("warm_start.steps with max_staleness > 0: the background rollouts would start from the weights before the warm start; run them separately (resume=... max_staleness=N)")
@@ -269,7 +269,7 @@ class TrainConfig(Strict):
         if self.max_staleness > 0:
             if self.loss.sampler_is_mode is None:
                 raise ValueError("max_staleness > 0 trains on episodes of older weights: it needs the sampler importance-sampling correction (loss.sampler_is_mode=truncate or mask)")
-            if self.generator.backend != "transformers" and not self.distributed.generator_ranks:
+            if not self.generator.decodes_the_policy and not self.distributed.generator_ranks:
                 raise ValueError("max_staleness > 0: only generator.backend=transformers runs the background rollouts so far")
             if self.distributed.strategy == "fsdp" and not self.distributed.generator_ranks:
                 raise ValueError("max_staleness > 0 runs in one process; distributed.strategy=fsdp needs several (or distributed.generator_ranks > 0)")
