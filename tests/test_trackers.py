@@ -59,3 +59,33 @@ def test_tensorboard_writes_event_files_with_the_documented_scalars(report_to, t
     assert steps["reward/mean"] == [1, 2]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= r["reward/group_std"] for r in rows) and all(r["completions/mean_length"] > 0 for r in rows)
+
+
+def test_wandb_offline_receives_the_scalars_and_the_flat_config(tmp_path, monkeypatch):
+    """W&B in offline mode (no account, no network): the step scalars reach its run files."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    assert main(["train", *SMALL, "report_to=wandb", f"output_dir={run}"]) == 0
+    [summary] = list(tmp_path.glob("wandb/offline-run-*/files/wandb-summary.json"))
+    values = json.loads(summary.read_text())
+    assert values["_step"] == 2 and "reward/mean" in values and "completions/mean_length" in values
+    config = next(tmp_path.glob("wandb/offline-run-*/files/config.yaml")).read_text()
+    assert "sampling.temperature" in config and "value: 0.7" in config
+
+
+def test_trackio_receives_the_scalars(tmp_path, monkeypatch):
+    """trackio keeps runs in a local database: the step scalars are in it."""
+    trackio = pytest.importorskip("trackio")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    monkeypatch.setattr(trackio, "TRACKIO_DIR", tmp_path / "trackio", raising=False)
+    run = tmp_path / "run"
+    assert main(["train", *SMALL, "report_to=trackio", f"output_dir={run}"]) == 0
+    import sqlite3
+
+    dbs = list((tmp_path / "trackio").rglob("*.db"))
+    assert dbs, list((tmp_path / "trackio").rglob("*"))
+    text = " ".join(str(row) for db in dbs for row in sqlite3.connect(db).execute("SELECT * FROM metrics"))
+    assert "reward/mean" in text and "completions/mean_length" in text

@@ -59,12 +59,13 @@ def used_tool_reward(environments, **kwargs):
 
 training_args = GRPOConfig(
     output_dir=os.environ.get("OUTPUT_DIR", "runs/from_trl_tools"),
-    learning_rate=5e-4,
+    learning_rate=1e-4,
+    adam_beta2=0.99,
     lr_scheduler_type="constant",
     per_device_train_batch_size=32,
     num_generations=8,
     max_completion_length=160,
-    temperature=1.0,
+    temperature=0.7,
     max_tool_calling_iterations=4,
     max_steps=int(os.environ.get("MAX_STEPS", 30)),
     logging_steps=1,
