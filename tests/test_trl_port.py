@@ -228,3 +228,25 @@ def test_a_loaded_model_its_tokenizer_and_a_lora_config_object(tmp_path):
     assert saved["model"]["path"] == "default" and saved["peft"]["r"] == 4 and saved["peft"]["target_modules"] == ["q_proj", "v_proj"]
     merged = trainer.save_model(str(tmp_path / "merged"), merged=True)
     assert AutoModelForCausalLM.from_pretrained(merged).config.vocab_size == model.config.vocab_size
+
+
+def test_a_reward_model_given_by_path_or_object_as_in_trl(tmp_path):
+    """TRL loads a string in reward_funcs as AutoModelForSequenceClassification (num_labels=1) and
+    scores prompt + completion; here through RewardModel, logged under the model's name."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    from agentrl.compute.models import load_tokenizer
+
+    tokenizer = load_tokenizer("default")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id or 0)  # fmt: skip
+    scorer = AutoModelForSequenceClassification.from_config(config)
+    folder = tmp_path / "tiny-rm"
+    scorer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    trainer = GRPOTrainer(model="default", reward_funcs=[str(folder)], args=args(tmp_path), train_dataset=tasks())
+    trainer.train()
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "reward/tiny-rm" in row and row["reward/tiny-rm/std"] > 0  # a real model's scores vary over completions
