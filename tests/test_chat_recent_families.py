@@ -23,6 +23,8 @@ KIMI = ("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|
 COHERE = ("<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>",
           "<|CHATBOT_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_ACTION|>", "<|END_ACTION|>",
           "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>", "<|START_THINKING|>", "<|END_THINKING|>")
+# Cohere2 templates write every text between <|START_TEXT|> and <|END_TEXT|> (special tokens of the family).
+COHERE2 = (*COHERE, "<|START_TEXT|>", "<|END_TEXT|>")
 GRANITE = ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>")
 # template -> (base tokenizer, added control tokens, eos, format, template used (prefix), doctor status, warned checks)
 EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[str]]] = {
@@ -34,6 +36,10 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[s
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("qwen3", COHERE, None, "command",
                                                       "training template derived from the tokenizer's", "WARN",
                                                       {"tool-call round trip"}),
+    # Cohere2MoE's generation prompt opens <|START_THINKING|> (reasoning on by default), and its answers
+    # are <|START_TEXT|>...<|END_TEXT|>: before issue 42b the doctor saw neither and FAILed.
+    "Cohere2MoE": ("qwen3", COHERE2, None, "command", "tokenizer (the 'command' training derivation does not apply",
+                   "WARN", {"tool-call round trip"}),
     "GLM-4.7-Flash": ("qwen3", ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
                                 "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "/nothink"), None, "glm4",
                       "training template derived from the tokenizer's", "PASS", set()),
@@ -191,3 +197,22 @@ def test_every_llamacpp_template_gets_a_report(capsys: pytest.CaptureFixture[str
         assert code == (1 if report["status"] == "FAIL" else 0), name
         statuses[name] = report["status"]
     print(json.dumps(statuses, indent=1))
+
+
+def test_command_reads_cohere2_text_tags() -> None:
+    """Cohere2's templates write an answer as <|START_TEXT|>...<|END_TEXT|>: the text is the content
+    (a re-render would otherwise wrap it twice), and a cut answer is reported."""
+    fmt = get_chat_format(family_tokenizer("Cohere2MoE"))
+    parsed = fmt.parser.parse("<|START_THINKING|>hm<|END_THINKING|><|START_TEXT|>It is 42.<|END_TEXT|>")
+    assert (parsed.content, parsed.reasoning, parsed.issues) == ("It is 42.", "hm", [])
+    assert [i.kind for i in fmt.parser.parse("<|START_TEXT|>It is").issues] == ["unclosed_tag"]
+    assert [i.kind for i in fmt.parser.parse("It is<|END_TEXT|>").issues] == ["stray_tag"]
+
+
+def test_a_prompt_that_opens_cohere_thinking_makes_turns_reason() -> None:
+    """Cohere2MoE's prompt ends <|START_THINKING|>: the model always reasons, so the doctor's turns do."""
+    import agentrl.doctor.checks as C
+
+    fmt = get_chat_format(family_tokenizer("Cohere2MoE"))
+    assert C.prompt_opens_reasoning(fmt) and not C.thinking_off_by_default(fmt)
+    assert C.as_generated(fmt, {"role": "assistant", "content": "x"})["reasoning_content"]

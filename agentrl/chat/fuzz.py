@@ -39,7 +39,7 @@ MARKUP: dict[str, list[str]] = {
     "minimax_m2": ["<minimax:tool_call>", "</minimax:tool_call>", '<invoke name="f">', "<invoke name=", "</invoke>",
                    '<parameter name="a">', "</parameter>", '"', ">", "\n", *_THINK],  # fmt: skip
     "command": ["<|START_ACTION|>", "<|END_ACTION|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>",
-                "<|END_RESPONSE|>", '[{"tool_call_id": "0", "tool_name": "f", "parameters": {', '"tool_name"', '"parameters"'],  # fmt: skip
+                "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>", '[{"tool_call_id": "0", "tool_name": "f", "parameters": {', '"tool_name"', '"parameters"'],  # fmt: skip
     "llama4_pythonic": ["\n[", "[f(", "f(a=", "a='", "'", "\\'", ")", "]", ", ", "=", "True", "None", "{", "\"",
                         "<|python_start|>", "<|python_end|>"],  # fmt: skip
     "deepseek_v32": ["<｜DSML｜function_calls>", "</｜DSML｜function_calls>", '<｜DSML｜invoke name="f">', "</｜DSML｜invoke>",

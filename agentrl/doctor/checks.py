@@ -119,11 +119,15 @@ def _default_prompt_tail(fmt: Any) -> str:
     return prompt[len(plain) :] if prompt.startswith(plain) else prompt[-40:]
 
 
+# Reasoning blocks as the families write them: (opening tag, closing tag).
+REASONING_TAGS = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
+
+
 def prompt_opens_reasoning(fmt: Any) -> bool:
     """Whether the default generation prompt opens a reasoning block it does not close (Qwen3.5,
-    Nemotron 3 end it with ``<think>\n``)."""
+    Nemotron 3 end it with ``<think>\n``, Cohere2MoE with ``<|START_THINKING|>``)."""
     tail = _default_prompt_tail(fmt)
-    return "<think>" in tail and "</think>" not in tail
+    return any(open_tag in tail and close_tag not in tail for open_tag, close_tag in REASONING_TAGS)
 
 
 def thinking_off_by_default(fmt: Any) -> bool:
