@@ -31,6 +31,10 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[s
     "deepseek-ai-DeepSeek-V3.1": ("deepseek_v3", ("<think>", "</think>"), None, "deepseek_v31",
                                   "agentrl deepseek_v31_tools.jinja (the tokenizer's template does not show", "PASS", set()),
     "moonshotai-Kimi-K2": ("qwen3", KIMI, None, "kimi_k2", "tokenizer", "PASS", set()),
+    # K2 Instruct (0905) and K2 Thinking queue call ids with list.append/pop, which transformers' sandbox
+    # refuses on every tool conversation: agentrl renders them rewritten (agentrl/chat/sandbox.py).
+    "Kimi-K2-Instruct": ("qwen3", KIMI, None, "kimi_k2", "tokenizer; list.append/pop rewritten", "PASS", set()),
+    "Kimi-K2-Thinking": ("qwen3", KIMI, None, "kimi_k2", "tokenizer; list.append/pop rewritten", "PASS", set()),
     "MiniMax-M2": ("qwen3", ("]~!b[", "]~b]", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>"), None, "minimax_m2",
                    "training template derived from the tokenizer's", "PASS", set()),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("qwen3", COHERE, None, "command",
@@ -51,9 +55,6 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[s
 }  # fmt: skip
 # Real templates agentrl cannot use as shipped, and the cause the doctor names.
 UNSUPPORTED = {
-    # Kimi K2 Instruct (0905) and Thinking call list.append, which transformers' sandbox refuses.
-    "Kimi-K2-Instruct": ("qwen3", KIMI, "SecurityError"),
-    "Kimi-K2-Thinking": ("qwen3", KIMI, "SecurityError"),
     # llama.cpp's community V3.2 template (DeepSeek ships an encoder, no template): its non-thinking
     # generation prompt "<think></think>" is not how it renders a turn ("</think>"), nor DeepSeek's encoder.
     "deepseek-ai-DeepSeek-V3.2": ("deepseek_v3", ("<think>", "</think>"), "generation prompt is not a prefix"),
@@ -216,3 +217,30 @@ def test_a_prompt_that_opens_cohere_thinking_makes_turns_reason() -> None:
     fmt = get_chat_format(family_tokenizer("Cohere2MoE"))
     assert C.prompt_opens_reasoning(fmt) and not C.thinking_off_by_default(fmt)
     assert C.as_generated(fmt, {"role": "assistant", "content": "x"})["reasoning_content"]
+
+
+@pytest.mark.parametrize("name", ["Kimi-K2-Instruct", "Kimi-K2-Thinking"])
+def test_kimi_templates_render_through_transformers_once_rewritten(name: str) -> None:
+    """transformers itself cannot render a tool call with these templates (its sandbox refuses
+    list.append); the rewrite renders every conversation as jinja renders the original unsandboxed."""
+    import jinja2
+
+    from agentrl.chat.sandbox import rewrite_list_mutations, sandbox_safe_template
+
+    original = llamacpp_template(name)
+    tok = family_tokenizer(name)
+    call = {"type": "function", "id": "c1", "function": {"name": "f", "arguments": {"a": 1}}}
+    messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "", "tool_calls": [call, call]},
+                {"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"}, {"role": "tool", "name": "g", "content": "r3"}]  # fmt: skip
+    with pytest.raises(jinja2.exceptions.SecurityError, match="append"):
+        tok.apply_chat_template(messages, tokenize=False)
+    safe = sandbox_safe_template(original)
+    assert safe is not None and ".append(" not in safe and ".pop(" not in safe
+    plain = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(original).render(messages=messages)
+    rendered = tok.apply_chat_template(messages, tokenize=False, chat_template=safe)
+    assert rendered == plain and "## Return of functions.f:1\nr2" in rendered and "functions.g:2" in rendered
+    assert get_chat_format(tok).chat_template == safe
+    # Only the two queue idioms are rewritten; any other mutation, or none, keeps the template as it is.
+    assert sandbox_safe_template(original.replace(".append(formatted_id)", ".extend([formatted_id])")) is None
+    assert sandbox_safe_template(llamacpp_template("moonshotai-Kimi-K2")) is None
+    assert rewrite_list_mutations("{%- set v = ns.q.pop(0) -%}") == "{%- set v = ns.q[0] %}{% set ns.q = ns.q[1:] -%}"
