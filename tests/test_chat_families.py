@@ -487,7 +487,10 @@ def test_round_trip_keeps_calls_and_types(family: tuple[Family, ChatFormat], con
     assert parsed.issues == [], parsed.issues
     expected = [("get_weather", typed({"city": "Paris"})), ("add", typed(ARGS))]
     assert [(c.name, typed(c.arguments)) for c in parsed.tool_calls] == expected[len(expected) - len(reply["tool_calls"]) :]
-    dropped = "text_beside_calls" in format_spec(fam.name).limits  # ATEM: a call turn carries no text
+    # ATEM's and Command's templates here write no text beside calls (a declared limit of both); Mistral
+    # declares it for Nemo's template, but agentrl's mistral_tools.jinja tested here writes the text.
+    dropped = fam.name in ("atem", "command")
+    assert not dropped or "text_beside_calls" in format_spec(fam.name).limits
     assert parsed.content == ("" if dropped else content)
     if fam.reasoning:
         assert parsed.reasoning == "Two tools.\nBoth now."

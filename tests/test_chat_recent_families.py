@@ -244,3 +244,37 @@ def test_kimi_templates_render_through_transformers_once_rewritten(name: str) ->
     assert sandbox_safe_template(original.replace(".append(formatted_id)", ".extend([formatted_id])")) is None
     assert sandbox_safe_template(llamacpp_template("moonshotai-Kimi-K2")) is None
     assert rewrite_list_mutations("{%- set v = ns.q.pop(0) -%}") == "{%- set v = ns.q[0] %}{% set ns.q = ns.q[1:] -%}"
+
+
+MISTRAL_SPECIAL = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                   "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[ARGS]"]  # fmt: skip
+
+
+def test_mistral_nemo_keeps_its_system_prompt_in_the_derived_template(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Nemo writes the system prompt into the last user message only while that message is the last one:
+    the reply that follows drops it, so no prompt is a prefix of its turn (FAIL). The derived template keeps
+    it with the last user message, as the tool list and the published v3 format do: a declared WARN."""
+    import agentrl.doctor as doctor_module
+    from agentrl.chat.derived import derive_mistral_training
+    from chat_fixtures import build_tiny_tokenizer
+
+    nemo = llamacpp_template("mistralai-Mistral-Nemo-Instruct-2407")
+    assert derive_mistral_training(read_template("mistral_tools.jinja")) is None
+    derived = derive_mistral_training(nemo)
+    assert derived is not None and "loop.last and system_message" not in derived
+    tok = build_tiny_tokenizer(tmp_path, nemo, MISTRAL_SPECIAL, [], eos="</s>", bos="<s>")
+    monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec: tok)
+    verdicts = {}
+    for flag in ("true", "false"):
+        code = cli(["doctor", "model=nemo", f"training_template={flag}", "--json"])
+        verdicts[flag] = (code, json.loads(capsys.readouterr().out))
+    code, report = verdicts["true"]
+    lines = [f"{c['status']} {c['name']}: {c['summary']}" for c in report["checks"]]
+    assert code == 0 and report["status"] == "WARN" and report["template"].startswith("training template derived"), lines
+    warned = {c["name"]: c["summary"] for c in report["checks"] if c["status"] == "WARN"}
+    assert set(warned) == {"tool-call round trip", "prefix: assistant -> user -> assistant"}, lines
+    assert all("Declared limitation of the 'mistral' family" in w for w in warned.values()), lines
+    code, report = verdicts["false"]
+    assert code == 1 and "generation prompt is not a prefix" in json.dumps(report)

@@ -240,3 +240,56 @@ def verify_glm_training(tokenizer: Any, original: str, training: str) -> str | N
     if derive_glm4_training(original) is not None:
         return verify_glm4_training(tokenizer, original, training)
     return verify_glm47_training(tokenizer, original, training)
+
+
+# Mistral Nemo's template writes the system prompt into the last user message only while that message
+# is the last of the conversation (``loop.last``): as soon as the model's reply follows, the system
+# prompt is gone from history, so its generation prompt is no prefix of any turn it renders. Mistral's
+# published v3 format (and agentrl's mistral_tools.jinja) keeps it with the last user message, where
+# the same template already puts the tool list (``message == user_messages[-1]``).
+_NEMO_SYSTEM = re.compile(r"(\{%-?\s*if\s+)loop\.last(\s+and\s+system_message\s+is\s+defined\s*-?%\})")
+
+
+def derive_mistral_training(original: str) -> str | None:
+    """Nemo's template with the system prompt kept in the last user message, as its tool list is;
+    None where that condition is not there (v3 templates that already do so, agentrl's own)."""
+    if "user_messages[-1]" not in original:
+        return None
+    derived, n = _NEMO_SYSTEM.subn(r"\1message == user_messages[-1]\2", original)
+    return derived if n == 1 else None
+
+
+def mistral_conversations(n: int) -> list[tuple[list[Message], Any, dict[str, Any]]]:
+    """:func:`random_conversations` with nine-character call ids (the only ones Nemo's template takes)."""
+
+    def nine(call_id: str) -> str:
+        return (call_id.replace("_", "") + "000000000")[:9]
+
+    out = []
+    for messages, tools, kwargs in random_conversations(n, seed=0):
+        fixed = []
+        for m in messages:
+            if m.get("tool_calls"):
+                m = {**m, "tool_calls": [{**c, "id": nine(c["id"])} for c in m["tool_calls"]]}
+            if m.get("tool_call_id"):
+                m = {**m, "tool_call_id": nine(m["tool_call_id"])}
+            fixed.append(m)
+        out.append((fixed, tools, kwargs))
+    return out
+
+
+def verify_mistral_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check with the system prompt as the hidden history (the original drops it once the
+    model replies); the original's trained turn is the tail of its render. After an answer comes a new
+    user message, which moves the tool list and system prompt: a declared split, as in the v3 format."""
+    conversations = mistral_conversations(8)
+    systems = {m["content"] + "\n\n" for messages, _, _ in conversations for m in messages if m["role"] == "system"}
+
+    def hidden(text: str) -> str:
+        for system in systems:
+            text = text.replace(system, "")
+        return text
+
+    problems = training_template_problems(tokenizer, original, training, conversations, hidden, limit=1, original_rewrites=True,
+                                          split_after=lambda m: not m.get("tool_calls"))  # fmt: skip
+    return problems[0] if problems else None

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 from agentrl.chat.derived import (
+    derive_mistral_training,
+    verify_mistral_training,
     GLM_STOPS,
     derive_gemma4_training,
     derive_glm_training,
@@ -152,6 +154,15 @@ MISTRAL = register_format(
         models="Mistral 7B v0.3, Nemo, Small ([TOOL_CALLS]; v11+ name[ARGS] calls are parsed too)",
         template="mistral_tools.jinja",
         markers=("[/INST]",),
+        derive_training=derive_mistral_training,
+        verify_training=verify_mistral_training,
+        derivation="the system prompt kept with the last user message, as the tool list",
+        limits={
+            "text_beside_calls": "Mistral Nemo's template writes a turn with tool calls as the call list only; "
+            "an answer text beside the calls is not rendered",
+            "new_question": "Mistral's format writes the tool list and the system prompt with the last user message, "
+            "so a new user message moves them",
+        },
     )
 )
 DEEPSEEK_V3 = register_format(

@@ -77,7 +77,7 @@ def choose_template(
         if derived is not None and derived != own:
             problem = spec.verify_training(tokenizer, own, derived) if spec.verify_training else None
             if problem is None:
-                return derived, "training template derived from the tokenizer's (every turn keeps its reasoning; verified)"
+                return derived, f"training template derived from the tokenizer's ({spec.derivation}; verified)"
             return None, f"tokenizer (derived training template rejected: {problem})"
         # Say why, so a fork that lost the switch is told apart from a template that needs no patch.
         why_own = (
