@@ -256,9 +256,10 @@ def test_mistral_nemo_keeps_its_system_prompt_in_the_derived_template(
     """Nemo writes the system prompt into the last user message only while that message is the last one:
     the reply that follows drops it, so no prompt is a prefix of its turn (FAIL). The derived template keeps
     it with the last user message, as the tool list and the published v3 format do: a declared WARN."""
+    from chat_fixtures import build_tiny_tokenizer
+
     import agentrl.doctor as doctor_module
     from agentrl.chat.derived import derive_mistral_training
-    from chat_fixtures import build_tiny_tokenizer
 
     nemo = llamacpp_template("mistralai-Mistral-Nemo-Instruct-2407")
     assert derive_mistral_training(read_template("mistral_tools.jinja")) is None

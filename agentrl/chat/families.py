@@ -6,17 +6,17 @@ import json
 from typing import Any
 
 from agentrl.chat.derived import (
-    derive_mistral_training,
-    verify_mistral_training,
     GLM_STOPS,
     derive_gemma4_training,
     derive_glm_training,
     derive_lfm2_training,
+    derive_mistral_training,
     derive_nemotron_training,
     thinking_from_reasoning,
     verify_gemma4_training,
     verify_glm_training,
     verify_lfm2_training,
+    verify_mistral_training,
     verify_nemotron_training,
 )
 from agentrl.chat.formats import FormatSpec, register_format

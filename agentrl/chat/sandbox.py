@@ -72,7 +72,9 @@ def _environment(immutable: bool) -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False) -> str:
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     kind = ImmutableSandboxedEnvironment if immutable else SandboxedEnvironment
@@ -88,7 +90,13 @@ def _renders(env: Any, template: str) -> list[str]:
     out = []
     for messages, tools, kwargs in _conversations():
         for gen in (True, False):
-            context = {"messages": messages, "tools": tools, "add_generation_prompt": gen, "bos_token": "", "eos_token": ""}
+            context = {
+                "messages": messages,
+                "tools": tools,
+                "add_generation_prompt": gen,
+                "bos_token": "",
+                "eos_token": "",
+            }
             out.append(compiled.render(**context, **kwargs))
     return out
 
@@ -109,8 +117,10 @@ def _refused_by_transformers(template: str) -> bool:
 def _renders_alike(original: str, rewritten: str) -> bool:
     """Both templates give the same texts in the mutable sandbox, and the rewrite renders in the immutable one."""
     try:
-        return _renders(_environment(immutable=False), original) == _renders(_environment(immutable=False), rewritten) == _renders(
-            _environment(immutable=True), rewritten
+        return (
+            _renders(_environment(immutable=False), original)
+            == _renders(_environment(immutable=False), rewritten)
+            == _renders(_environment(immutable=True), rewritten)
         )
     except Exception:
         return False
