@@ -30,6 +30,12 @@ GRANITE = ("<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>")
 EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[str]]] = {
     "deepseek-ai-DeepSeek-V3.1": ("deepseek_v3", ("<think>", "</think>"), None, "deepseek_v31",
                                   "agentrl deepseek_v31_tools.jinja (the tokenizer's template does not show", "PASS", set()),
+    # llama.cpp's community V3.2 template (DeepSeek ships an encoder, no template): its non-thinking
+    # generation prompt "<think></think>" is not how it renders a turn ("</think>"), nor DeepSeek's encoder;
+    # the derived template prompts with "</think>" (before issue 42b: FAIL).
+    "deepseek-ai-DeepSeek-V3.2": ("deepseek_v3", ("<think>", "</think>"), None, "deepseek_v32",
+                                  "training template derived from the tokenizer's (the non-thinking generation prompt",
+                                  "PASS", set()),
     "moonshotai-Kimi-K2": ("qwen3", KIMI, None, "kimi_k2", "tokenizer", "PASS", set()),
     # K2 Instruct (0905) and K2 Thinking queue call ids with list.append/pop, which transformers' sandbox
     # refuses on every tool conversation: agentrl renders them rewritten (agentrl/chat/sandbox.py).
@@ -53,16 +59,8 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[s
     "ibm-granite-granite-4.0": ("qwen3", GRANITE, "<|end_of_text|>", "hermes", "tokenizer", "PASS", set()),
     "ibm-granite-granite-4.1": ("qwen3", GRANITE, "<|end_of_text|>", "hermes", "tokenizer", "PASS", set()),
 }  # fmt: skip
-# Real templates agentrl cannot use as shipped, and the cause the doctor names.
-UNSUPPORTED = {
-    # llama.cpp's community V3.2 template (DeepSeek ships an encoder, no template): its non-thinking
-    # generation prompt "<think></think>" is not how it renders a turn ("</think>"), nor DeepSeek's encoder.
-    "deepseek-ai-DeepSeek-V3.2": ("deepseek_v3", ("<think>", "</think>"), "generation prompt is not a prefix"),
-}
-
-
 def family_tokenizer(name: str) -> Any:
-    base, added, eos, *_ = EXPECTED[name] if name in EXPECTED else (*UNSUPPORTED[name][:2], None)
+    base, added, eos, *_ = EXPECTED[name]
     tok = tokenizer_with(base, added, llamacpp_template(name))
     if eos is not None:
         tok.eos_token = eos  # the family's own tokenizer ends documents with it
@@ -91,12 +89,27 @@ def test_real_template_of_a_recent_family(capsys: pytest.CaptureFixture[str], mo
             assert "Declared limitation of the" in c["summary"], c["summary"]
 
 
-@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
-def test_unusable_real_templates_fail_with_their_cause(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-                                                       name: str) -> None:  # fmt: skip
-    code, report = doctor_report(capsys, monkeypatch, name)
-    text = json.dumps(report)
-    assert code == 1 and report["status"] == "FAIL" and UNSUPPORTED[name][2] in text
+def test_deepseek_v32_community_template_prompts_as_it_renders_a_turn(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its own non-thinking prompt "<think></think>" is no prefix of the "</think>" turn it renders (FAIL);
+    the derived one ends "</think>" (after tool results too) and is byte-identical otherwise."""
+    import agentrl.doctor as doctor_module
+    from agentrl.chat.families_recent import derive_deepseek_v32_training
+
+    tok = family_tokenizer("deepseek-ai-DeepSeek-V3.2")
+    derived = derive_deepseek_v32_training(tok.chat_template)
+    assert derived is not None and derive_deepseek_v32_training(read_template("deepseek_v32_tools.jinja")) is None
+    user = [{"role": "user", "content": "Q"}]
+    after_tool = [*user, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "f", "arguments": {"a": 1}}}]}, {"role": "tool", "content": "r"}]  # fmt: skip
+    for messages, tail in ((user, "<｜Assistant｜></think>"), (after_tool, "</function_results>\n\n</think>")):
+        assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, chat_template=derived).endswith(tail)
+        assert tok.apply_chat_template(messages, tokenize=False, chat_template=derived) == tok.apply_chat_template(messages, tokenize=False)
+    monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec: tok)
+    code = cli(["doctor", "model=v32", "training_template=false", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and "generation prompt is not a prefix" in json.dumps(report)
 
 
 L4 = ("<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>", "<|python_start|>", "<|python_end|>")

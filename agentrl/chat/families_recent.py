@@ -214,6 +214,30 @@ LFM25_CONTENT = register_format(
 )
 
 
+# llama.cpp's community V3.2 template prompts with "<think></think>" when thinking is off, but renders
+# such a turn (and DeepSeek's published encoder writes it) as "</think>": its prompt is no prefix of any
+# turn. The derived template prompts with what the turn starts with.
+_V32_PROMPT = re.compile(r"\{\{-?\s*thinking_start_token \+ thinking_end_token\s*-?\}\}")
+_V32_TOOL_PROMPT = re.compile(r"\{\{-?\s*'\\n\\n' \+ thinking_start_token \+ thinking_end_token\s*-?\}\}")
+
+
+def derive_deepseek_v32_training(original: str) -> str | None:
+    """The template whose non-thinking generation prompt (after a user message and after tool results)
+    is ``</think>``, as it renders the turn; None where either prompt is written otherwise."""
+    derived, n = _V32_PROMPT.subn("{{- thinking_end_token -}}", original)
+    derived, m = _V32_TOOL_PROMPT.subn(lambda _: "{{- '\\n\\n' + thinking_end_token -}}", derived)
+    return derived if n == 1 and m == 1 else None
+
+
+def verify_deepseek_v32_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check with thinking off (the default: thinking mode drops earlier reasoning after a new
+    question, in the original and in DeepSeek's encoder alike); the original's trained turn is the tail
+    of its render, since its prompt is no prefix of it."""
+    conversations = [(m, t, {}) for m, t, _ in random_conversations(8, seed=0)]
+    problems = training_template_problems(tokenizer, original, training, conversations, lambda t: t, limit=1, original_rewrites=True)
+    return problems[0] if problems else None
+
+
 DEEPSEEK_V32 = register_format(
     FormatSpec(
         name="deepseek_v32",
@@ -221,5 +245,8 @@ DEEPSEEK_V32 = register_format(
         models="DeepSeek V3.2 (DSML <｜DSML｜invoke> calls)",
         template="deepseek_v32_tools.jinja",
         adapt_messages=mapping_arguments,
+        derive_training=derive_deepseek_v32_training,
+        verify_training=verify_deepseek_v32_training,
+        derivation="the non-thinking generation prompt written as the turn starts, '</think>'",
     )
 )
