@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 from chat_fixtures import assets_dir, llamacpp_template, load_asset_tokenizer, tokenizer_with
+from glm5_template import GLM5_TEMPLATE, GLM51_TEMPLATE
+from glm5_template import GLM_TOKENS as GLM5_TOKENS
 
 from agentrl.chat import get_chat_format
 from agentrl.chat.formats import read_template
@@ -292,3 +294,35 @@ def test_mistral_nemo_keeps_its_system_prompt_in_the_derived_template(
     assert all("Declared limitation of the 'mistral' family" in w for w in warned.values()), lines
     code, report = verdicts["false"]
     assert code == 1 and "generation prompt is not a prefix" in json.dumps(report)
+
+
+# GLM-5: no registry package ships its template; tests/glm5_template.py is written from its published
+# grammar (GLM-5.3's form, and GLM-5.1/5.2's reasoning gate). Both write no end of turn, and before
+# issue 42b neither derivation applied (5.3's gate is `not clear_thinking or ...`, and both write tool
+# results through `elif m.role == 'tool' or m.role == 'observation'`): the doctor FAILed on them.
+GLM5_VARIANTS = {"glm5.3": GLM5_TEMPLATE, "glm5.1": GLM51_TEMPLATE}
+
+
+@pytest.mark.parametrize("variant", sorted(GLM5_VARIANTS))
+def test_glm5_gets_a_derived_template_that_ends_its_turns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, variant: str
+) -> None:
+    import agentrl.doctor as doctor_module
+    from agentrl.chat import derived as D
+
+    original = GLM5_VARIANTS[variant]
+    tok = tokenizer_with("qwen3", GLM5_TOKENS, original)
+    training = D.derive_glm_training(original)
+    assert training is not None and D.verify_glm_training(tok, original, training) is None
+    fmt = get_chat_format(tok)
+    assert fmt.name == "glm4" and fmt.template_source.startswith("training template derived from the tokenizer's")
+    answered = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": "R"}]
+    assert tok.apply_chat_template(answered, tokenize=False).endswith("<think>R</think>A")  # no end of turn
+    assert fmt.render_text(answered, add_generation_prompt=False).endswith("<think>R</think>A<|user|>")
+    monkeypatch.setattr(doctor_module, "load_tokenizer", lambda spec: tok)
+    code = cli(["doctor", f"model={variant}", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["status"] == "PASS" and code == 0, [f"{c['status']} {c['name']}: {c['summary']}" for c in report["checks"]]
+    code = cli(["doctor", f"model={variant}", "training_template=false", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and "no stop token in the generated part" in json.dumps(report)

@@ -225,12 +225,13 @@ GLM4 = register_format(
     FormatSpec(
         name="glm4",
         parser="glm4",
-        models="GLM-4.5 / 4.6 / 4.7, GLM-5 (GLM-4 MoE: <arg_key>/<arg_value> calls)",
+        models="GLM-4.5 / 4.6 / 4.7, GLM-5 / 5.1 / 5.2 / 5.3 (GLM-4 MoE: <arg_key>/<arg_value> calls)",
         thinking=True,
         adapt_messages=mapping_arguments,
         end_tokens=GLM_STOPS,
         derive_training=derive_glm_training,
         verify_training=verify_glm_training,
+        derivation="every turn keeps its reasoning, and a final assistant turn ends with the token the model stops on",
     )
 )
 LFM2_CONTENT = register_format(

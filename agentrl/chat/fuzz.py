@@ -30,8 +30,10 @@ MARKUP: dict[str, list[str]] = {
     "atem": ["<|start|>assistant", " to=self", " to=f", " to=user", "<|message|>", "<|eom|>", "<atem:function_calls>",
              "</atem:function_calls>", '<atem:invoke name="f">', "</atem:invoke>", '<atem:parameter name="a">',
              "</atem:parameter>", "\n"],  # fmt: skip
-    "glm4": ["<tool_call>", "</tool_call>", "<tool_call>f\n", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-             "<arg_key>a</arg_key>", "\n", *_THINK],  # fmt: skip
+    # GLM-4.5 writes newlines between the parts of a call; GLM-4.7 and GLM-5 write none, after "<think></think>".
+    "glm4": ["<tool_call>", "</tool_call>", "<tool_call>f\n", "<tool_call>f", "<arg_key>", "</arg_key>", "<arg_value>",
+             "</arg_value>", "<arg_key>a</arg_key>", "<arg_key>a</arg_key><arg_value>1</arg_value>", "<think></think>",
+             "\n", *_THINK],  # fmt: skip
     "deepseek_v31": ["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
                      "<｜tool▁sep｜>", "<｜tool▁call▁begin｜>f<｜tool▁sep｜>", "function<｜tool▁sep｜>", *_THINK],  # fmt: skip
     "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
