@@ -41,8 +41,11 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...], str | None, str, str, str, set[s
     "moonshotai-Kimi-K2": ("qwen3", KIMI, None, "kimi_k2", "tokenizer", "PASS", set()),
     # K2 Instruct (0905) and K2 Thinking queue call ids with list.append/pop, which transformers' sandbox
     # refuses on every tool conversation: agentrl renders them rewritten (agentrl/chat/sandbox.py).
-    "Kimi-K2-Instruct": ("qwen3", KIMI, None, "kimi_k2", "tokenizer; list.append/pop rewritten", "PASS", set()),
-    "Kimi-K2-Thinking": ("qwen3", KIMI, None, "kimi_k2", "tokenizer; list.append/pop rewritten", "PASS", set()),
+    "Kimi-K2-Instruct": ("qwen3", KIMI, None, "kimi_k2", "tokenizer (the 'kimi_k2' training derivation does not apply",
+                         "PASS", set()),
+    # K2 Thinking drops even a final answer's reasoning; the derived template keeps every turn's (before
+    # issue 42b the doctor SKIPped its reasoning check, saying the template renders none).
+    "Kimi-K2-Thinking": ("qwen3", KIMI, None, "kimi_k2", "training template derived from the tokenizer's", "PASS", set()),
     "MiniMax-M2": ("qwen3", ("]~!b[", "]~b]", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>"), None, "minimax_m2",
                    "training template derived from the tokenizer's", "PASS", set()),
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": ("qwen3", COHERE, None, "command",
@@ -254,7 +257,7 @@ def test_kimi_templates_render_through_transformers_once_rewritten(name: str) ->
     plain = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(original).render(messages=messages)
     rendered = tok.apply_chat_template(messages, tokenize=False, chat_template=safe)
     assert rendered == plain and "## Return of functions.f:1\nr2" in rendered and "functions.g:2" in rendered
-    assert get_chat_format(tok).chat_template == safe
+    assert get_chat_format(tok, training_template=False).chat_template == safe
     # Only the two queue idioms are rewritten; any other mutation, or none, keeps the template as it is.
     assert sandbox_safe_template(original.replace(".append(formatted_id)", ".extend([formatted_id])")) is None
     assert sandbox_safe_template(llamacpp_template("moonshotai-Kimi-K2")) is None
@@ -326,3 +329,32 @@ def test_glm5_gets_a_derived_template_that_ends_its_turns(
     code = cli(["doctor", f"model={variant}", "training_template=false", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert code == 1 and "no stop token in the generated part" in json.dumps(report)
+
+
+def test_kimi_k2_thinking_keeps_the_reasoning_of_the_trained_turn(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K2 Thinking renders everything up to the last answer as history with empty reasoning: a final
+    answer loses its own reasoning. The derived template keeps it (verified up to that reasoning), and
+    the doctor runs its reasoning check instead of saying the template renders no reasoning."""
+    from agentrl.chat.families_recent import derive_kimi_training, verify_kimi_training
+    from agentrl.chat.sandbox import sandbox_safe_template
+
+    tok = family_tokenizer("Kimi-K2-Thinking")
+    original = sandbox_safe_template(tok.chat_template)
+    derived = derive_kimi_training(original)
+    assert derived is not None and derive_kimi_training(llamacpp_template("moonshotai-Kimi-K2")) is None
+    assert verify_kimi_training(tok, original, derived) is None
+    answered = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A", "reasoning_content": "R"}]
+    assert tok.apply_chat_template(answered, tokenize=False, chat_template=original).endswith("<think></think>A<|im_end|>")
+    assert tok.apply_chat_template(answered, tokenize=False, chat_template=derived).endswith("<think>R</think>A<|im_end|>")
+    # a derivation that also drops a call turn's reasoning is rejected
+    broken = derived.replace("<think>{{rc}}</think>", "<think></think>", 1)
+    assert broken != derived and verify_kimi_training(tok, original, broken) is not None
+    code, report = doctor_report(capsys, monkeypatch, "Kimi-K2-Thinking")
+    reasoning = next(c for c in report["checks"] if c["name"] == "prefix: same, with reasoning")
+    assert code == 0 and reasoning["status"] == "PASS", reasoning
+    # on its own template the doctor says what it does (before issue 42b: "the template does not render reasoning_content")
+    code = cli(["doctor", "model=k2t", "training_template=false", "--json"])
+    reasoning = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "prefix: same, with reasoning")
+    assert reasoning["status"] == "SKIP" and "drops a final answer's own" in reasoning["summary"], reasoning

@@ -110,6 +110,20 @@ def renders_reasoning(fmt: Any) -> bool:
     return marker in text
 
 
+def renders_call_reasoning(fmt: Any) -> bool:
+    """Whether the template writes ``reasoning_content`` of a final turn that calls a tool (Kimi K2
+    Thinking does, while it drops a final answer's)."""
+    marker = "agentrl doctor reasoning probe"
+    call = {"type": "function", "id": "callprobe", "function": {"name": "search", "arguments": {"q": "x"}}}
+    try:
+        text = fmt.render_text(
+            [{"role": "user", "content": "hi"}, M.assistant("", [call], reasoning=marker)], add_generation_prompt=False
+        )
+    except Exception:
+        return False
+    return marker in text
+
+
 def _default_prompt_tail(fmt: Any) -> str:
     try:
         prompt = fmt.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=True)
