@@ -159,6 +159,8 @@ DEEP_CALLS = {
     "lfm2": "<|tool_call_start|>[f(a=" + "[" * 500 + "]" * 500 + ")]<|tool_call_end|>",
     "gemma4": "<|tool_call>call:f{a:" + "[" * 500 + "]" * 500 + "}<tool_call|>",
     "glm4": "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>" + "[" * 500 + "]" * 500 + "</arg_value>\n</tool_call>",
+    # GLM-4.7 / GLM-5: the same parser, calls written without newlines after an empty reasoning block
+    "glm5": "<think></think><tool_call>f<arg_key>a</arg_key><arg_value>" + "[" * 500 + "]" * 500 + "</arg_value></tool_call>",
     "atem": ' to=f<|message|><atem:function_calls>\n<atem:invoke name="f">\n<atem:parameter name="a">' + "[" * 500 + "]" * 500
     + "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>",
 }
@@ -168,7 +170,7 @@ DEEP_CALLS = {
 @pytest.mark.parametrize("depth", [500, 5_000])
 def test_deep_json_is_an_issue_not_an_exception(name: str, depth: int) -> None:
     text = DEEP_CALLS[name].replace("[" * 500 + "]" * 500, "[" * depth + "]" * depth)
-    result = get_parser(name).parse_with_tools(text, TOOLS)
+    result = get_parser({"glm5": "glm4"}.get(name, name)).parse_with_tools(text, TOOLS)
     check(result)
     assert result.issues, "a call nested past the depth limit must be reported"
     for call in result.tool_calls:

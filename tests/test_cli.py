@@ -103,3 +103,13 @@ def test_ci_runs_the_wheel_check_and_the_setup_script():
     assert "bash scripts/ci_wheel.sh" in ci
     setup = (ROOT / "scripts" / "setup_test_machine.sh").read_text()
     assert "chromium" in setup and "apt-get install" in setup and "fetch_test_assets.py" in setup
+
+
+def test_the_reward_summary_line_never_repeats_a_step():
+    """A 1-step run printed "step 1: 0.250, step 1: 0.250"; a resumed run called its first step "step 1"."""
+    from agentrl.cli.main import reward_summary
+
+    assert reward_summary([{"step": 1, "reward/mean": 0.25}]) == "reward: 0.250 (step 1)\n"
+    rows = [{"step": s, "reward/mean": s / 10} for s in (4, 5, 6)]
+    assert reward_summary(rows) == "reward: first 1 steps 0.400 -> last 1 steps 0.600 (step 4: 0.400, step 6: 0.600)\n"
+    assert reward_summary([]) == ""

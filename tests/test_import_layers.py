@@ -32,9 +32,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "train": BELOW_TRAIN,
     "doctor": BELOW_TRAIN | {"train"},
     "cli": BELOW_TRAIN | {"train", "doctor"},
+    "trl": BELOW_TRAIN | {"train"},
     "environments": {"core", "env", "tools"},
     "tools": {"core", "env"},
-    "": BELOW_TRAIN | {"train", "doctor", "cli"},  # the package itself (public API) and __main__
+    "": BELOW_TRAIN | {"train", "doctor", "cli", "trl"},  # the package itself (public API) and __main__
 }
 
 

@@ -112,6 +112,14 @@ WRITERS: dict[str, Callable[[str, list[Call]], str]] = {
         f"{n}(" + ", ".join(f"{k}={py_value(v)}" for k, v in a.items()) + ")" for n, a in calls) + "]",
 }  # fmt: skip
 NO_TEXT_BESIDE_CALLS = {"atem", "command"}
+# Dialects a parser reads besides the one its writer writes: name -> (parser, writer). GLM-4.7 and GLM-5
+# write calls with no newlines, after the reasoning block their prompt opens (empty: "</think>" only).
+DIALECTS: dict[str, tuple[str, Callable[[str, list[Call]], str]]] = {
+    "glm5": ("glm4", lambda c, calls: "</think>" + c + "".join(
+        f"<tool_call>{n}" + "".join(f"<arg_key>{k}</arg_key><arg_value>{text_value(v)}</arg_value>" for k, v in a.items())
+        + "</tool_call>" for n, a in calls)),
+}  # fmt: skip
+VARIANTS = {**{name: (name, writer) for name, writer in WRITERS.items()}, **DIALECTS}
 ONE_CALL_PER_TURN: set[str] = set()  # gpt_oss writes each call as its own message: the parser reads all
 
 
@@ -137,11 +145,12 @@ def typed(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("family", sorted(WRITERS))
-def test_written_calls_parse_back(family: str, case: str) -> None:
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_written_calls_parse_back(variant: str, case: str) -> None:
+    family, writer = VARIANTS[variant]
     content, calls = CASES[case]
     content = "" if family in NO_TEXT_BESIDE_CALLS else content
-    text = WRITERS[family](content, calls)
+    text = writer(content, calls)
     result = get_parser(family).parse_with_tools(text, TOOLS)
     assert result.issues == [], (text, result.issues)
     assert [(c.name, typed(c.arguments)) for c in result.tool_calls] == [(n, typed(a)) for n, a in calls], text
@@ -168,13 +177,14 @@ def inside_a_tag(text: str) -> bool:
     return text.rfind("<") > text.rfind(">")
 
 
-@pytest.mark.parametrize("family", sorted(WRITERS))
-def test_a_streaming_cut_is_reported(family: str) -> None:
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_a_streaming_cut_is_reported(variant: str) -> None:
     """Generation stopped mid-call (length cap): a cut inside the calls is an issue, and no call comes
     back with arguments other than those written unless an issue says so."""
+    family, writer = VARIANTS[variant]
     content, calls = CASES["parallel"]
     content = "" if family in NO_TEXT_BESIDE_CALLS else content
-    text = WRITERS[family](content, calls)
+    text = writer(content, calls)
     start = text.index(OPENERS[family]) + len(OPENERS[family])
     expected = dict(calls)
     silent = []

@@ -48,3 +48,27 @@ def test_a_resumed_lora_run_without_peft_trains_on_and_keeps_its_config(lora_run
     assert [r["step"] for r in rows] == [1, 2]
     after = json.loads((lora_run / "config.json").read_text())
     assert after["env"] == saved["env"] == "sokoban" and after["peft"] == saved["peft"] and after["max_steps"] == 2
+
+
+def test_a_lora_run_resumes_after_its_base_folder_moved(tmp_path, capsys):
+    """The base's folder is not what is trained: when the saved one is gone, model.path may point at
+    its new place (and only then: a different base that still exists is refused)."""
+    import shutil
+
+    from agentrl.compute.models import resolve_model
+
+    base, run = tmp_path / "base", tmp_path / "run"
+    shutil.copytree(resolve_model("default"), base)
+    argv = ["train", "env=calculator", f"model={base}", "prompts_per_step=2", "num_generations=4", "max_steps=1", "peft.r=4", f"output_dir={run}"]
+    assert main(argv) == 0
+    other = tmp_path / "other"
+    shutil.copytree(base, other)
+    with pytest.raises(ConfigError, match="model.path=.* differs from the run's model.path"):
+        config_from(None, None, {"resume": "latest", "output_dir": str(run), "model.path": str(other)})
+    moved = tmp_path / "moved"
+    base.rename(moved)
+    assert main(["train", "resume=latest", f"output_dir={run}", f"model.path={moved}", "max_steps=2"]) == 0, capsys.readouterr().err
+    assert "resume: model.path was" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert json.loads((run / "config.json").read_text())["model"]["path"] == str(moved)

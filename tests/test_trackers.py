@@ -59,3 +59,35 @@ def test_tensorboard_writes_event_files_with_the_documented_scalars(report_to, t
     assert steps["reward/mean"] == [1, 2]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= r["reward/group_std"] for r in rows) and all(r["completions/mean_length"] > 0 for r in rows)
+
+
+def test_wandb_offline_receives_the_scalars_and_the_flat_config(tmp_path, monkeypatch):
+    """W&B in offline mode (no account, no network): the run's file holds the step scalars and the
+    flat config (wandb 0.31 keeps both, protobuf-encoded, in offline-run-*/run-*.wandb)."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    assert main(["train", *SMALL, "report_to=wandb", f"output_dir={run}"]) == 0
+    [record] = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    data = record.read_bytes()
+    assert all(name.encode() in data for name in ("reward/mean", "reward/group_std", "completions/mean_length", "sampling.temperature"))
+
+
+def test_trackio_receives_the_scalars(tmp_path, monkeypatch):
+    """trackio keeps runs in a local SQLite database (TRACKIO_DIR, read when trackio is imported)."""
+    import sqlite3
+    import sys
+
+    if "trackio" in sys.modules:
+        pytest.skip("trackio was imported before this test could point it at a temporary folder")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    pytest.importorskip("trackio")
+    run = tmp_path / "run"
+    assert main(["train", *SMALL, "report_to=trackio", f"output_dir={run}"]) == 0
+    [db] = list((tmp_path / "trackio").glob("*.db"))
+    rows = sqlite3.connect(db).execute("SELECT step, metrics FROM metrics ORDER BY step").fetchall()
+    assert [step for step, _ in rows] == [1, 2]
+    logged = json.loads(rows[-1][1])
+    assert all(isinstance(logged[k], float) for k in ("reward/mean", "reward/group_std", "completions/mean_length"))

@@ -77,7 +77,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the environment was checked")
 
-    monkeypatch.setattr(trainer_module, "load_policy", refuse)
+    monkeypatch.setattr(trainer_module, "load_planned", refuse)
     monkeypatch.setattr("agentrl.compute.models.load_tokenizer", refuse)
 
 
@@ -126,3 +126,24 @@ def test_a_reward_that_raises_is_named_in_one_line(tmp_path, capsys):
     ours = [line for line in err.splitlines() if line.startswith("agentrl train:")]
     assert ours == ["agentrl train: reward 'boom' raised ValueError: reward exploded"], err
     assert "Traceback" not in err
+
+
+def test_reward_objects_in_extra_rewards_from_python(tmp_path):
+    """A Reward object (e.g. RewardModel(...).as_reward()) or a plain function in extra_rewards: it
+    was turned into its repr by json.dumps(default=str) and refused as a 'module:function' spec."""
+    from agentrl.env.environment import Reward
+
+    def short_answer(completion):
+        return float(len(completion) < 40)
+
+    def group_size(completions, **kwargs):  # TRL's batched signature: once per group
+        return [float(len(completions))] * len(completions)
+
+    run = tmp_path / "run"
+    trainer = Trainer(env="calculator", max_steps=1, output_dir=str(run), **SMALL,
+                      extra_rewards=[Reward(short_answer, weight=0.0, name="short"), group_size, {"fn": "agentrl.environments.calculator:correct", "name": "again", "weight": 0.0}])  # fmt: skip
+    trainer.train()
+    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert "reward/short" in row and row["reward/group_size"] == 4.0 and "reward/again" in row
+    saved = json.loads((run / "config.json").read_text())
+    assert [r["name"] for r in saved["extra_rewards"]] == ["again"]  # the objects stay out of config.json

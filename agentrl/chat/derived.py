@@ -188,14 +188,15 @@ def verify_glm4_training(tokenizer: Any, original: str, training: str) -> str | 
     return problems[0] if problems else None
 
 
-# GLM-4.7 (and GLM-5, whose template keeps 4.7's markup) shows reasoning only after the last user
-# message unless ``clear_thinking=false``, writes a hidden turn's reasoning as a bare ``</think>``,
-# and, like GLM-4.5, writes no end of turn. The derived template keeps reasoning unless
+# GLM-4.7 (and GLM-5, 5.1 and 5.2, whose templates keep 4.7's markup) shows reasoning only after the
+# last user message unless ``clear_thinking=false``, writes a hidden turn's reasoning as a bare
+# ``</think>`` (5.2: ``<think></think>``), and, like GLM-4.5, writes no end of turn. The derived template keeps reasoning unless
 # ``clear_thinking=true`` is passed, and closes a final assistant turn with the model's stop token.
 _GLM47_CLEAR = re.compile(
     r"\(\(clear_thinking is defined and not clear_thinking\) or loop\.index0 > ns\.last_user_index\) and reasoning_content"
 )
-_GLM47_TOOL_BRANCH = re.compile(r"(\{%-?\s*elif m\.role == 'tool'\s*-?%\})")
+# GLM-5.2 and later write every tool message through ``elif m.role == 'tool' or m.role == 'observation'``.
+_GLM47_TOOL_BRANCH = re.compile(r"(\{%-?\s*elif m\.role == 'tool'(?:\s+or\s+m\.role == 'observation')?\s*-?%\})")
 
 
 def derive_glm47_training(original: str) -> str | None:
@@ -210,8 +211,8 @@ _GLM47_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
 def glm47_hidden(text: str) -> str:
-    """A GLM-4.7 render with every reasoning block written as it hides one (a bare ``</think>``) and no
-    stop token ending it."""
+    """A GLM-4.7 / GLM-5 render with every reasoning block written as a bare ``</think>`` (how 4.7 hides
+    one; 5.x writes ``<think></think>``, which this maps the same way) and no stop token ending it."""
     return _GLM_END.sub("", _GLM47_THINK.sub("</think>", text))
 
 
@@ -230,9 +231,25 @@ def verify_glm47_training(tokenizer: Any, original: str, training: str) -> str |
     return problems[0] if problems else None
 
 
+# GLM-5.3 keeps every turn's reasoning unless ``clear_thinking=true`` (the switch defaults to false, so
+# its gate reads ``not clear_thinking or ...``) and writes a hidden block as ``<think></think>``; like
+# every GLM it writes no end of turn. Its derivation only closes a final assistant turn.
+_GLM5_DEFAULT = re.compile(r"set clear_thinking = clear_thinking if clear_thinking is defined else false")
+_GLM5_KEEP = re.compile(r"\(not clear_thinking or loop\.index0 > ns\.last_user_index\) and reasoning_content")
+
+
+def derive_glm5_training(original: str) -> str | None:
+    """GLM-5.3's template with a final assistant turn closed by its stop token; None when the template
+    does not keep reasoning by default (``clear_thinking`` defaulting to false) or the patch does not fit."""
+    if _GLM5_DEFAULT.search(original) is None or len(_GLM5_KEEP.findall(original)) != 1:
+        return None
+    derived, closed = _GLM47_TOOL_BRANCH.subn(lambda m: _GLM_STOP + m.group(1), original)
+    return derived if closed == 1 else None
+
+
 def derive_glm_training(original: str) -> str | None:
-    """GLM-4.5/4.6's derivation, else GLM-4.7's (and GLM-5's)."""
-    return derive_glm4_training(original) or derive_glm47_training(original)
+    """GLM-4.5/4.6's derivation, else GLM-4.7's (GLM-5, 5.1, 5.2), else GLM-5.3's."""
+    return derive_glm4_training(original) or derive_glm47_training(original) or derive_glm5_training(original)
 
 
 def verify_glm_training(tokenizer: Any, original: str, training: str) -> str | None:
@@ -240,3 +257,56 @@ def verify_glm_training(tokenizer: Any, original: str, training: str) -> str | N
     if derive_glm4_training(original) is not None:
         return verify_glm4_training(tokenizer, original, training)
     return verify_glm47_training(tokenizer, original, training)
+
+
+# Mistral Nemo's template writes the system prompt into the last user message only while that message
+# is the last of the conversation (``loop.last``): as soon as the model's reply follows, the system
+# prompt is gone from history, so its generation prompt is no prefix of any turn it renders. Mistral's
+# published v3 format (and agentrl's mistral_tools.jinja) keeps it with the last user message, where
+# the same template already puts the tool list (``message == user_messages[-1]``).
+_NEMO_SYSTEM = re.compile(r"(\{%-?\s*if\s+)loop\.last(\s+and\s+system_message\s+is\s+defined\s*-?%\})")
+
+
+def derive_mistral_training(original: str) -> str | None:
+    """Nemo's template with the system prompt kept in the last user message, as its tool list is;
+    None where that condition is not there (v3 templates that already do so, agentrl's own)."""
+    if "user_messages[-1]" not in original:
+        return None
+    derived, n = _NEMO_SYSTEM.subn(r"\1message == user_messages[-1]\2", original)
+    return derived if n == 1 else None
+
+
+def mistral_conversations(n: int) -> list[tuple[list[Message], Any, dict[str, Any]]]:
+    """:func:`random_conversations` with nine-character call ids (the only ones Nemo's template takes)."""
+
+    def nine(call_id: str) -> str:
+        return (call_id.replace("_", "") + "000000000")[:9]
+
+    out = []
+    for messages, tools, kwargs in random_conversations(n, seed=0):
+        fixed = []
+        for m in messages:
+            if m.get("tool_calls"):
+                m = {**m, "tool_calls": [{**c, "id": nine(c["id"])} for c in m["tool_calls"]]}
+            if m.get("tool_call_id"):
+                m = {**m, "tool_call_id": nine(m["tool_call_id"])}
+            fixed.append(m)
+        out.append((fixed, tools, kwargs))
+    return out
+
+
+def verify_mistral_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check with the system prompt as the hidden history (the original drops it once the
+    model replies); the original's trained turn is the tail of its render. After an answer comes a new
+    user message, which moves the tool list and system prompt: a declared split, as in the v3 format."""
+    conversations = mistral_conversations(8)
+    systems = {m["content"] + "\n\n" for messages, _, _ in conversations for m in messages if m["role"] == "system"}
+
+    def hidden(text: str) -> str:
+        for system in systems:
+            text = text.replace(system, "")
+        return text
+
+    problems = training_template_problems(tokenizer, original, training, conversations, hidden, limit=1, original_rewrites=True,
+                                          split_after=lambda m: not m.get("tool_calls"))  # fmt: skip
+    return problems[0] if problems else None

@@ -11,6 +11,7 @@ from typing import Any
 
 from agentrl.chat.formats import available_formats, format_specs
 from agentrl.chat.parsers import TemplateProbe, parser_classes
+from agentrl.chat.sandbox import sandbox_safe_template
 
 PROBE_USER = "agentrl probe question"
 PROBE_REASONING = "agentrl probe reasoning"
@@ -87,7 +88,8 @@ def detect_format(tokenizer: Any, chat_template: str | None = None) -> str:
             f"the tokenizer has no chat template; {options}, and chat_template=agentrl.chat.default_template() "
             "for agentrl's ChatML + tools template"
         )
-    probe = probe_template(tokenizer, chat_template)
+    # A template transformers' sandbox refuses (Kimi K2's list.append) is probed as rewritten.
+    probe = probe_template(tokenizer, sandbox_safe_template(chat_template or getattr(tokenizer, "chat_template", None)) or chat_template)
     found = [name for name, cls in parser_classes().items() if cls.matches(probe)]
     if not found and not probe.tools_shown:
         found = [s.name for s in format_specs() if s.template and s.markers and all(m in probe.plain_turn for m in s.markers)]

@@ -10,11 +10,13 @@ from agentrl.chat.derived import (
     derive_gemma4_training,
     derive_glm_training,
     derive_lfm2_training,
+    derive_mistral_training,
     derive_nemotron_training,
     thinking_from_reasoning,
     verify_gemma4_training,
     verify_glm_training,
     verify_lfm2_training,
+    verify_mistral_training,
     verify_nemotron_training,
 )
 from agentrl.chat.formats import FormatSpec, register_format
@@ -152,6 +154,15 @@ MISTRAL = register_format(
         models="Mistral 7B v0.3, Nemo, Small ([TOOL_CALLS]; v11+ name[ARGS] calls are parsed too)",
         template="mistral_tools.jinja",
         markers=("[/INST]",),
+        derive_training=derive_mistral_training,
+        verify_training=verify_mistral_training,
+        derivation="the system prompt kept with the last user message, as the tool list",
+        limits={
+            "text_beside_calls": "Mistral Nemo's template writes a turn with tool calls as the call list only; "
+            "an answer text beside the calls is not rendered",
+            "new_question": "Mistral's format writes the tool list and the system prompt with the last user message, "
+            "so a new user message moves them",
+        },
     )
 )
 DEEPSEEK_V3 = register_format(
@@ -214,12 +225,13 @@ GLM4 = register_format(
     FormatSpec(
         name="glm4",
         parser="glm4",
-        models="GLM-4.5 / 4.6 / 4.7, GLM-5 (GLM-4 MoE: <arg_key>/<arg_value> calls)",
+        models="GLM-4.5 / 4.6 / 4.7, GLM-5 / 5.1 / 5.2 / 5.3 (GLM-4 MoE: <arg_key>/<arg_value> calls)",
         thinking=True,
         adapt_messages=mapping_arguments,
         end_tokens=GLM_STOPS,
         derive_training=derive_glm_training,
         verify_training=verify_glm_training,
+        derivation="every turn keeps its reasoning, and a final assistant turn ends with the token the model stops on",
     )
 )
 LFM2_CONTENT = register_format(

@@ -63,6 +63,35 @@ DEEPSEEK_V31 = register_format(
 )
 
 
+# Kimi K2 Thinking renders every message up to the last assistant turn without calls as history, with
+# its reasoning dropped (``<think></think>``), and only the turns after it with their reasoning: so a
+# final answer loses even its own reasoning, although the model wrote it after its generation prompt.
+_KIMI_LAST_ANSWER = re.compile(r"\{%-?\s*set ns\.last_non_tool_call_assistant_msg = idx\s*-?%\}")
+_KIMI_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def derive_kimi_training(original: str) -> str | None:
+    """K2 Thinking's template with no turn counted as history: every assistant turn, a final answer
+    too, renders as the turns after the last answer do (``<think>reasoning</think>``). None for a
+    template without that split (K2 and K2 Instruct render no reasoning)."""
+    derived, n = _KIMI_LAST_ANSWER.subn("", original)
+    return derived if n == 1 else None
+
+
+def kimi_hidden(text: str) -> str:
+    """A Kimi render with every reasoning block written empty, as its history writes it."""
+    return _KIMI_THINK.sub("<think></think>", text)
+
+
+def verify_kimi_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check on conversations that reason every turn; a final answer, whose reasoning the
+    original drops even on the trained turn, is compared up to its reasoning, a call turn exactly."""
+    problems = training_template_problems(
+        tokenizer, original, training, reasoning_conversations(8), kimi_hidden, limit=1, trained_hidden=True
+    )
+    return problems[0] if problems else None
+
+
 KIMI_K2 = register_format(
     FormatSpec(
         name="kimi_k2",
@@ -70,6 +99,9 @@ KIMI_K2 = register_format(
         models="Kimi K2 Instruct / Thinking (functions.NAME:INDEX calls)",
         thinking=True,
         end_tokens=("<|im_end|>",),
+        derive_training=derive_kimi_training,
+        verify_training=verify_kimi_training,
+        derivation="every turn keeps its reasoning, a final answer too",
     )
 )
 
@@ -214,6 +246,30 @@ LFM25_CONTENT = register_format(
 )
 
 
+# llama.cpp's community V3.2 template prompts with "<think></think>" when thinking is off, but renders
+# such a turn (and DeepSeek's published encoder writes it) as "</think>": its prompt is no prefix of any
+# turn. The derived template prompts with what the turn starts with.
+_V32_PROMPT = re.compile(r"\{\{-?\s*thinking_start_token \+ thinking_end_token\s*-?\}\}")
+_V32_TOOL_PROMPT = re.compile(r"\{\{-?\s*'\\n\\n' \+ thinking_start_token \+ thinking_end_token\s*-?\}\}")
+
+
+def derive_deepseek_v32_training(original: str) -> str | None:
+    """The template whose non-thinking generation prompt (after a user message and after tool results)
+    is ``</think>``, as it renders the turn; None where either prompt is written otherwise."""
+    derived, n = _V32_PROMPT.subn("{{- thinking_end_token -}}", original)
+    derived, m = _V32_TOOL_PROMPT.subn(lambda _: "{{- '\\n\\n' + thinking_end_token -}}", derived)
+    return derived if n == 1 and m == 1 else None
+
+
+def verify_deepseek_v32_training(tokenizer: Any, original: str, training: str) -> str | None:
+    """The Qwen3 check with thinking off (the default: thinking mode drops earlier reasoning after a new
+    question, in the original and in DeepSeek's encoder alike); the original's trained turn is the tail
+    of its render, since its prompt is no prefix of it."""
+    conversations = [(m, t, {}) for m, t, _ in random_conversations(8, seed=0)]
+    problems = training_template_problems(tokenizer, original, training, conversations, lambda t: t, limit=1, original_rewrites=True)
+    return problems[0] if problems else None
+
+
 DEEPSEEK_V32 = register_format(
     FormatSpec(
         name="deepseek_v32",
@@ -221,5 +277,8 @@ DEEPSEEK_V32 = register_format(
         models="DeepSeek V3.2 (DSML <｜DSML｜invoke> calls)",
         template="deepseek_v32_tools.jinja",
         adapt_messages=mapping_arguments,
+        derive_training=derive_deepseek_v32_training,
+        verify_training=verify_deepseek_v32_training,
+        derivation="the non-thinking generation prompt written as the turn starts, '</think>'",
     )
 )

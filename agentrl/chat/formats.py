@@ -43,6 +43,8 @@ class FormatSpec:
     # Builds a training template from the tokenizer's own (a patch of the one condition that
     # rewrites history), used only after ``verify_training`` accepts it.
     derive_training: Callable[[str], str | None] | None = None
+    # What the derivation changes, for ``template_source``.
+    derivation: str = "every turn keeps its reasoning"
     # Known limitations of the family, by kind ("parallel_calls", "text_beside_calls", "tool_result",
     # "new_question"):
     # why a bridge or a round trip cannot be exact however the template is written. `agentrl doctor`

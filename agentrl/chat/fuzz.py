@@ -30,8 +30,10 @@ MARKUP: dict[str, list[str]] = {
     "atem": ["<|start|>assistant", " to=self", " to=f", " to=user", "<|message|>", "<|eom|>", "<atem:function_calls>",
              "</atem:function_calls>", '<atem:invoke name="f">', "</atem:invoke>", '<atem:parameter name="a">',
              "</atem:parameter>", "\n"],  # fmt: skip
-    "glm4": ["<tool_call>", "</tool_call>", "<tool_call>f\n", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-             "<arg_key>a</arg_key>", "\n", *_THINK],  # fmt: skip
+    # GLM-4.5 writes newlines between the parts of a call; GLM-4.7 and GLM-5 write none, after "<think></think>".
+    "glm4": ["<tool_call>", "</tool_call>", "<tool_call>f\n", "<tool_call>f", "<arg_key>", "</arg_key>", "<arg_value>",
+             "</arg_value>", "<arg_key>a</arg_key>", "<arg_key>a</arg_key><arg_value>1</arg_value>", "<think></think>",
+             "\n", *_THINK],  # fmt: skip
     "deepseek_v31": ["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",
                      "<｜tool▁sep｜>", "<｜tool▁call▁begin｜>f<｜tool▁sep｜>", "function<｜tool▁sep｜>", *_THINK],  # fmt: skip
     "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
@@ -39,7 +41,7 @@ MARKUP: dict[str, list[str]] = {
     "minimax_m2": ["<minimax:tool_call>", "</minimax:tool_call>", '<invoke name="f">', "<invoke name=", "</invoke>",
                    '<parameter name="a">', "</parameter>", '"', ">", "\n", *_THINK],  # fmt: skip
     "command": ["<|START_ACTION|>", "<|END_ACTION|>", "<|START_THINKING|>", "<|END_THINKING|>", "<|START_RESPONSE|>",
-                "<|END_RESPONSE|>", '[{"tool_call_id": "0", "tool_name": "f", "parameters": {', '"tool_name"', '"parameters"'],  # fmt: skip
+                "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>", '[{"tool_call_id": "0", "tool_name": "f", "parameters": {', '"tool_name"', '"parameters"'],  # fmt: skip
     "llama4_pythonic": ["\n[", "[f(", "f(a=", "a='", "'", "\\'", ")", "]", ", ", "=", "True", "None", "{", "\"",
                         "<|python_start|>", "<|python_end|>"],  # fmt: skip
     "deepseek_v32": ["<｜DSML｜function_calls>", "</｜DSML｜function_calls>", '<｜DSML｜invoke name="f">', "</｜DSML｜invoke>",

@@ -16,6 +16,7 @@ from agentrl.chat.base import ChatFormat
 from agentrl.chat.detect import detect_format, probe_template
 from agentrl.chat.formats import FormatSpec, format_spec
 from agentrl.chat.parsers import get_parser
+from agentrl.chat.sandbox import NOTE, sandbox_safe_template
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,13 @@ def get_chat_format(
         return chat_format
     name = chat_format if chat_format is not None else detect_format(tokenizer, chat_template)
     spec = format_spec(name)
+    safe = sandbox_safe_template(chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None))
     if chat_template is not None:
-        template, source = chat_template, "override"
+        template, source = (safe, f"override ({NOTE})") if safe else (chat_template, "override")
     else:
-        template, source = choose_template(tokenizer, spec, training_template)
+        template, source = choose_template(tokenizer, spec, training_template, own=safe)
+        if safe is not None:  # the tokenizer's own (or what was derived from it), as transformers can render it
+            template, source = template if template is not None else safe, f"{source}; {NOTE}"
     fmt = ChatFormat(
         tokenizer, get_parser(spec.parser), chat_template=template, name=name, template_source=source,
         adapt_messages=spec.adapt_messages, end_tokens=spec.end_tokens,
@@ -51,10 +55,14 @@ def get_chat_format(
     return fmt
 
 
-def choose_template(tokenizer: Any, spec: FormatSpec, training_template: bool = True) -> tuple[str | None, str]:
-    """(template to use, None = the tokenizer's; a description of the choice)."""
-    own = getattr(tokenizer, "chat_template", None)
-    probe = probe_template(tokenizer) if own and spec.template is not None else None
+def choose_template(
+    tokenizer: Any, spec: FormatSpec, training_template: bool = True, own: str | None = None
+) -> tuple[str | None, str]:
+    """(template to use, None = the tokenizer's; a description of the choice). ``own``: the text that
+    stands for the tokenizer's template (its sandbox-safe rewrite, :mod:`agentrl.chat.sandbox`)."""
+    rewritten = own
+    own = own if own is not None else getattr(tokenizer, "chat_template", None)
+    probe = probe_template(tokenizer, rewritten) if own and spec.template is not None else None
     if spec.template is not None and (probe is None or not spec.writes_syntax(probe) or not probe.tools_shown):
         # A template that writes calls but never shows the schemas (DeepSeek V3.1's) cannot teach tool use.
         why = (
@@ -69,7 +77,7 @@ def choose_template(tokenizer: Any, spec: FormatSpec, training_template: bool = 
         if derived is not None and derived != own:
             problem = spec.verify_training(tokenizer, own, derived) if spec.verify_training else None
             if problem is None:
-                return derived, "training template derived from the tokenizer's (every turn keeps its reasoning; verified)"
+                return derived, f"training template derived from the tokenizer's ({spec.derivation}; verified)"
             return None, f"tokenizer (derived training template rejected: {problem})"
         # Say why, so a fork that lost the switch is told apart from a template that needs no patch.
         why_own = (

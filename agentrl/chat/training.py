@@ -86,6 +86,7 @@ def training_template_problems(
     original_may_refuse: bool = False,
     original_rewrites: bool = False,
     turn_ends: tuple[str, ...] = (),
+    trained_hidden: bool = False,
 ) -> list[str]:
     """Up to ``limit`` descriptions of where ``training`` may not stand in for ``original``.
 
@@ -99,7 +100,10 @@ def training_template_problems(
     trained turn is the tail of its render, and the training prompt must be (up to ``hidden``) the
     original's prompt or the context the original renders the turn in. ``turn_ends``: tokens that
     stop generation but that the original writes as the next message's first token (GLM-4): the
-    trained turn may end with one of them beyond the original's.
+    trained turn may end with one of them beyond the original's. ``trained_hidden``: the original hides
+    even the trained turn's own reasoning where the turn has no calls (Kimi K2 Thinking drops a final
+    answer's), so such a turn is compared up to ``hidden``; a turn with calls, which it shows whole,
+    exactly.
     """
 
     prompts: dict[Any, str] = {}
@@ -149,6 +153,16 @@ def training_template_problems(
                     problems.append(
                         f"{where}: the training prompt is neither the original's prompt nor the context it renders the turn in"
                     )
+            elif trained_hidden and not messages[end].get("tool_calls"):
+                # The original drops this turn's reasoning (and, as it moves its history, earlier ones):
+                # everything up to the reasoning blocks must be identical, the training prompt its prefix.
+                dec = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+                if t_full[: len(t_prompt)] != t_prompt:
+                    problems.append(f"{where}: the training template's generation prompt is not a prefix of its turn")
+                elif hidden(dec(o_full)) != hidden(dec(t_full)):
+                    problems.append(f"{where}: the trained turn differs beyond its reasoning: {_show(tokenizer, o_full, t_full)}")
+                elif hidden(dec(o_prompt)) != hidden(dec(t_prompt)):
+                    problems.append(f"{where}: the prompt differs beyond hidden history: {_show(tokenizer, o_prompt, t_prompt)}")
             elif o_full[: len(o_prompt)] != o_prompt or t_full[: len(t_prompt)] != t_prompt:
                 problems.append(f"{where}: a generation prompt is not a prefix of its turn")
             elif o_full[len(o_prompt) :] != _without_end(tokenizer, t_full[len(t_prompt) :], o_full[len(o_prompt) :], turn_ends):

@@ -141,12 +141,7 @@ def cmd_train(args: list[str]) -> int:
     if not trainer.is_main:  # data parallel: rank 0 reports
         return 0
     history = [h for h in trainer.history if "reward/mean" in h]  # not the step-0 eval record of eval_every
-    if history:
-        first, last = history[0], history[-1]
-        k = min(5, len(history))
-        head = sum(h["reward/mean"] for h in history[:k]) / k
-        tail = sum(h["reward/mean"] for h in history[-k:]) / k
-        print(f"reward: first {k} steps {head:.3f} -> last {k} steps {tail:.3f} (step 1: {first['reward/mean']:.3f}, step {last['step']}: {last['reward/mean']:.3f})")
+    print(reward_summary(history), end="")
     print(f"run folder: {trainer.run_dir} (metrics.jsonl, samples.jsonl, reward_curve.png, checkpoints/)")
     return 0
 
@@ -225,7 +220,7 @@ def load_generation(model_cfg: Any, gen_cfg: Any) -> tuple[Any, Any]:
     chat_format = get_chat_format(tokenizer, model_cfg.chat_format)
     pad = pad_token_id(tokenizer, chat_format.stop_token_ids)
     model = None
-    if gen_cfg.backend == "transformers":  # the vLLM backends load the checkpoint themselves
+    if gen_cfg.decodes_the_policy:  # the vLLM backends load the checkpoint themselves
         dtype = None if model_cfg.dtype == "auto" else getattr(torch, model_cfg.dtype)
         model = load_model(model_cfg.path, dtype=dtype, device=model_cfg.device)
     generator = build_generator(gen_cfg, model_path=model_cfg.path, pad_token_id=pad, max_context=None, model=model)
@@ -265,3 +260,18 @@ class progress_bar:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def reward_summary(history: list[dict[str, Any]]) -> str:
+    """The run's reward in one line: the first and last steps' means (at most 5 each, never
+    overlapping), and the first and last step by number (a resumed run starts past step 1)."""
+    if not history:
+        return ""
+    first, last = history[0], history[-1]
+    if len(history) == 1:
+        return f"reward: {first['reward/mean']:.3f} (step {first['step']})\n"
+    k = max(1, min(5, len(history) // 2))
+    head = sum(h["reward/mean"] for h in history[:k]) / k
+    tail = sum(h["reward/mean"] for h in history[-k:]) / k
+    return (f"reward: first {k} steps {head:.3f} -> last {k} steps {tail:.3f} "
+            f"(step {first['step']}: {first['reward/mean']:.3f}, step {last['step']}: {last['reward/mean']:.3f})\n")  # fmt: skip

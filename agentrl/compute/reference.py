@@ -28,35 +28,58 @@ def is_adapter_folder(path: str | Path) -> bool:
     return (Path(path) / "adapter_config.json").is_file()
 
 
-def load_policy(path: str, dtype: torch.dtype, device: str, lora: dict[str, Any] | None) -> tuple[Any, str]:
-    """The trainable policy and its kind: "full", "lora" (new adapter) or "adapter" (existing one)."""
+def load_policy(
+    path: str, dtype: torch.dtype, device: str, lora: dict[str, Any] | None, *, base: str | None = None, module: Any = None
+) -> tuple[Any, str]:
+    """The trainable policy and its kind: "full", "lora" (new adapter, or a given PEFT model's) or "adapter" (an adapter folder's).
+
+    ``dtype``: the base weights' dtype (a new adapter's own weights stay float32: peft upcasts
+    them). ``lora``: the ``peft`` section's fields; ``load_in_4bit`` loads the base in NF4 (QLoRA).
+    ``base``: where an adapter folder's base model is (default: its recorded base,
+    agentrl/compute/adapters.py). ``module``: a model already loaded, trained as it is (its dtype
+    and, for a PEFT model, its adapter).
+    """
     from transformers import AutoModelForCausalLM
 
+    from agentrl.compute.adapters import adapter_base, lora_config, quantization_config
+
+    if module is not None:
+        if hasattr(module, "peft_config"):
+            if lora:
+                raise ValueError("the model given already carries a LoRA adapter; drop the peft settings to keep training it")
+            return _to(module, device), "lora"
+        if lora:
+            from peft import get_peft_model
+
+            return get_peft_model(_to(module, device), lora_config(lora)), "lora"
+        return _to(module, device), "full"
     if is_adapter_folder(path):
         from peft import PeftModel
 
         if lora:
             raise ValueError(f"{path} already holds a LoRA adapter; drop the peft settings to keep training it")
-        model = PeftModel.from_pretrained(_load_base_for_adapter(path, dtype), path, is_trainable=True)
+        base_model = AutoModelForCausalLM.from_pretrained(base or adapter_base(path), dtype=dtype)
+        model = PeftModel.from_pretrained(base_model, path, is_trainable=True)
         return model.to(device), "adapter"
+    if lora and lora.get("load_in_4bit"):
+        from peft import get_peft_model, prepare_model_for_kbit_training
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, quantization_config=quantization_config(dtype), device_map={"": device})
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # the trainer's gradient_checkpointing key decides that
+        return get_peft_model(model, lora_config(lora)), "lora"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     if lora:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        model = get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
-        return model, "lora"
+        return get_peft_model(model, lora_config(lora)), "lora"
     return model, "full"
 
 
-def _load_base_for_adapter(path: str, dtype: torch.dtype) -> Any:
-    import json
-
-    from transformers import AutoModelForCausalLM
-
-    from agentrl.compute.models import resolve_model
-
-    base = json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"]
-    return AutoModelForCausalLM.from_pretrained(resolve_model(base), dtype=dtype)
+def _to(module: Any, device: str) -> Any:
+    """A given module on ``device``; one placed by a device map (quantized) stays where it is."""
+    if getattr(module, "hf_device_map", None) or getattr(module, "is_loaded_in_4bit", False) or getattr(module, "is_loaded_in_8bit", False):
+        return module
+    return module.to(device)
 
 
 class Reference:

@@ -112,7 +112,13 @@ def diagnose(cfg: DoctorConfig) -> Report:
         _guarded("end-of-turn token trained", C.check_end_of_turn, fmt),
     ]
     for name, (rounds, with_reasoning) in _PREFIX_CHECKS.items():
-        if with_reasoning is True and not thinking:
+        if with_reasoning is True and not thinking and not renders and reads and C.renders_call_reasoning(fmt):
+            report.checks.append(C.Check(name, C.SKIP, (
+                "the template renders reasoning_content on a turn with calls but drops a final answer's own, so an "
+                "answer trained with reasoning is not what a render shows (Kimi K2 Thinking: where the format's "
+                "training derivation applies, the template it derives keeps it)"
+            )))  # fmt: skip
+        elif with_reasoning is True and not thinking:
             why = (
                 "the template's generation prompt closes the reasoning block (thinking is off by default)" if off_by_default
                 else f"the {fmt.name!r} format does not parse reasoning back" if renders

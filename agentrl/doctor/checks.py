@@ -110,6 +110,20 @@ def renders_reasoning(fmt: Any) -> bool:
     return marker in text
 
 
+def renders_call_reasoning(fmt: Any) -> bool:
+    """Whether the template writes ``reasoning_content`` of a final turn that calls a tool (Kimi K2
+    Thinking does, while it drops a final answer's)."""
+    marker = "agentrl doctor reasoning probe"
+    call = {"type": "function", "id": "callprobe", "function": {"name": "search", "arguments": {"q": "x"}}}
+    try:
+        text = fmt.render_text(
+            [{"role": "user", "content": "hi"}, M.assistant("", [call], reasoning=marker)], add_generation_prompt=False
+        )
+    except Exception:
+        return False
+    return marker in text
+
+
 def _default_prompt_tail(fmt: Any) -> str:
     try:
         prompt = fmt.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=True)
@@ -119,11 +133,15 @@ def _default_prompt_tail(fmt: Any) -> str:
     return prompt[len(plain) :] if prompt.startswith(plain) else prompt[-40:]
 
 
+# Reasoning blocks as the families write them: (opening tag, closing tag).
+REASONING_TAGS = (("<think>", "</think>"), ("<|START_THINKING|>", "<|END_THINKING|>"))
+
+
 def prompt_opens_reasoning(fmt: Any) -> bool:
     """Whether the default generation prompt opens a reasoning block it does not close (Qwen3.5,
-    Nemotron 3 end it with ``<think>\n``)."""
+    Nemotron 3 end it with ``<think>\n``, Cohere2MoE with ``<|START_THINKING|>``)."""
     tail = _default_prompt_tail(fmt)
-    return "<think>" in tail and "</think>" not in tail
+    return any(open_tag in tail and close_tag not in tail for open_tag, close_tag in REASONING_TAGS)
 
 
 def thinking_off_by_default(fmt: Any) -> bool:

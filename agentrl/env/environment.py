@@ -22,6 +22,7 @@ from agentrl.core.errors import AgentrlError, UserError
 from agentrl.core.messages import Message, ParsedResponse
 from agentrl.core.records import ToolRecord
 from agentrl.core.step import StepResult
+from agentrl.env.batched import BatchedReward, group_arguments, is_batched
 from agentrl.env.episode_copy import per_episode_copy
 from agentrl.env.replay import run_tools
 from agentrl.env.tool import Tool, as_tool
@@ -104,6 +105,8 @@ async def score(
     components: dict[str, float | None] = {}
     total = 0.0
     for r in rewards:
+        if isinstance(r, BatchedReward):  # scored with the whole group (score_group)
+            continue
         if (per_turn and r.per_turn) or (episode and not r.per_turn):
             try:
                 value = await r(context)
@@ -115,12 +118,33 @@ async def score(
     return total, components
 
 
-def as_reward(obj: Reward | Callable[..., Any] | tuple[Callable[..., Any], float]) -> Reward:
-    if isinstance(obj, Reward):
+def as_reward(obj: Reward | BatchedReward | Callable[..., Any] | tuple[Callable[..., Any], float]) -> Reward | BatchedReward:
+    """A ``Reward`` (one episode's arguments), or a ``BatchedReward`` for a function with TRL's
+    batched signature (``prompts``, ``completions``, ``completion_ids``: lists over the group)."""
+    if isinstance(obj, Reward | BatchedReward):
         return obj
-    if isinstance(obj, tuple):
-        return Reward(obj[0], weight=float(obj[1]))
-    return Reward(obj)
+    fn, weight = (obj[0], float(obj[1])) if isinstance(obj, tuple) else (obj, 1.0)
+    return BatchedReward(fn, weight=weight) if callable(fn) and is_batched(fn) else Reward(fn, weight=weight)
+
+
+async def score_group(rewards: Sequence[Reward | BatchedReward], tasks: list[dict[str, Any]], messages: list[list[Message]],
+                      completion_ids: list[list[int]], environments: list[Any] | None = None) -> list[tuple[float, dict[str, float | None]]]:  # fmt: skip
+    """Weighted total and components of the batched rewards for each episode of one group."""
+    batched = [r for r in rewards if isinstance(r, BatchedReward)]
+    out: list[tuple[float, dict[str, float | None]]] = [(0.0, {}) for _ in tasks]
+    if not batched or not tasks:
+        return out
+    arguments = group_arguments(tasks, messages, completion_ids, environments)
+    for r in batched:
+        try:
+            values = await r(arguments, len(tasks))
+        except Exception as exc:  # the user's reward: stopped (or counted) by name, as per-episode ones
+            raise RewardError(r.name, exc) from exc
+        for k, value in enumerate(values):
+            total, components = out[k]
+            components[r.name] = value
+            out[k] = (total + (r.weight * value if value is not None else 0.0), components)
+    return out
 
 
 class Environment:
@@ -205,7 +229,15 @@ class Environment:
             return 0.0, {}
         return await score(self.rewards, self.reward_context(), per_turn=per_turn, episode=episode)
 
-    def with_rewards(self, extra: Sequence[Reward]) -> Environment:
+    async def score_group(self, episodes: list[tuple[list[Message], list[int], Environment]], task: dict[str, Any]) -> list[tuple[float, dict[str, float | None]]]:
+        """Weighted total and components of the batched rewards (TRL's signature) in ``self.rewards``
+        for each episode of one finished group: ``(messages, completion ids, the episode's
+        environment)`` per episode. Called once per group by the rollout engine; nothing by default."""
+        environments = [getattr(e, "instance", e) for _, _, e in episodes]
+        return await score_group(getattr(self, "rewards", ()), [task] * len(episodes), [m for m, _, _ in episodes],
+                                 [ids for _, ids, _ in episodes], environments)  # fmt: skip
+
+    def with_rewards(self, extra: Sequence[Reward | BatchedReward]) -> Environment:
         """A copy of this environment that also scores ``extra`` (same tools and datasets).
 
         The added rewards go through ``score`` with the real episode (``state``, ``tool_records``...),

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from agentrl.core.errors import UserError
+from agentrl.env.batched import GROUP_ARGUMENTS, TRL_ONLY, BatchedReward, column_clashes
 from agentrl.env.environment import Environment, Reward, reward_context
 
 EPISODE_ARGUMENTS = frozenset(reward_context({}, [], {}, 0, []))
@@ -48,6 +49,9 @@ def check_reward_arguments(rewards: Sequence[Reward], context: dict[str, Any], c
     columns = set(columns)
     episode = EPISODE_ARGUMENTS | (set(context) - columns)
     for r in rewards:
+        if isinstance(r, BatchedReward):
+            _check_batched(r, columns)
+            continue
         missing = [a for a in required_arguments(r) if a not in context]
         if missing:
             hint = (
@@ -80,3 +84,22 @@ async def check_env_rewards(env: Environment, task: dict[str, Any]) -> None:
     finally:
         await episode.close()
     check_reward_arguments(env.rewards, context, dict(task))
+
+
+def _check_batched(r: BatchedReward, columns: set[str]) -> None:
+    """A batched reward gets TRL's group lists and the columns (as lists) by name."""
+    for a in sorted(r.required):
+        if a in TRL_ONLY and a not in columns:
+            raise RewardArgumentError(f"reward {r.name!r} asks for {a!r}, a TRL argument agentrl does not pass: {TRL_ONLY[a]}")
+    missing = sorted(a for a in r.required if a not in GROUP_ARGUMENTS and a not in columns)
+    if missing:
+        raise RewardArgumentError(
+            f"reward {r.name!r} asks for {missing}, which neither the group ({', '.join(GROUP_ARGUMENTS)}) "
+            f"nor the task's columns ({', '.join(sorted(columns)) or 'none'}) provide"
+        )
+    clash = column_clashes(sorted(columns)) if r.takes_all or r.wanted & set(GROUP_ARGUMENTS) else []
+    if clash:
+        raise RewardArgumentError(
+            f"the tasks have a column {clash[0]!r}, which batched reward {r.name!r} would get as the group's {clash[0]!r} "
+            f"({GROUP_ARGUMENTS[clash[0]]}); rename the column (Dataset.rename_column)"
+        )

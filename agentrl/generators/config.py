@@ -69,6 +69,13 @@ class GeneratorConfig(Strict):
     timeout_s: float = Field(60.0, gt=0, description="how long connection failures are retried (backoff) before giving up")
     request_timeout_s: float = Field(600.0, gt=0, description="how long one request may wait for its answer")
 
+    @property
+    def decodes_the_policy(self) -> bool:
+        """Does the backend decode from the policy module in this process (transformers)? The vLLM
+        backends load the checkpoint themselves and take weights only through ``load_weights``;
+        callers ask this rather than naming backends."""
+        return self.backend == "transformers"
+
     @pydantic.model_validator(mode="after")
     def _knobs_match_backend(self) -> GeneratorConfig:
         owners = {

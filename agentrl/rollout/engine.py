@@ -106,13 +106,20 @@ class RolloutEngine:
                 expected -= 1
                 track(-1)
 
+        left = [n] * len(groups)  # episodes of each group still running
+        spawned: list[list[Environment | None]] = [[None] * n for _ in groups]
+
         async def one(g: int, i: int) -> None:
             async with limiter:
                 try:
-                    traj = await self.run_episode(env, groups[g].task, groups[g].seed, group=g, index=i)
+                    traj, spawned[g][i] = await self._run(env, groups[g].task, groups[g].seed, g, i, None)
                 finally:
                     finished()
             groups[g].trajectories[i] = traj
+            left[g] -= 1
+            if left[g] == 0:  # the group is complete: rewards that see all of it (TRL's batched ones)
+                await self._score_group(env, groups[g], spawned[g])
+                spawned[g] = []
             if on_episode is not None:
                 on_episode(traj)
 
@@ -138,6 +145,12 @@ class RolloutEngine:
 
         ``turns``: where the assistant turns come from (None: the generator, sampling).
         """
+        return (await self._run(base_env, task, seed, group, index, turns))[0]
+
+    async def _run(
+        self, base_env: Environment, task: dict[str, Any], seed: int | None, group: int, index: int, turns: TurnSource | None
+    ) -> tuple[Trajectory, Environment]:
+        """``run_episode``, also returning the episode's (closed) environment for group scoring."""
         traj = Trajectory(task=dict(task), seed=seed, group=group, index=index)
         start = time.perf_counter()
         env = base_env.spawn()
@@ -158,7 +171,30 @@ class RolloutEngine:
             except Exception as exc:
                 traj.error = traj.error or f"close failed: {type(exc).__name__}: {exc}"
         traj.duration_s = time.perf_counter() - start
-        return traj
+        return traj, env
+
+    async def _score_group(self, base_env: Environment, group: TrajectoryGroup, envs: list[Environment | None]) -> None:
+        """Add the group-level rewards to each finished episode (and to its last turn, as ``finish`` does)."""
+        scorer = getattr(base_env, "score_group", None)
+        done = [(t, e) for t, e in zip(group.trajectories, envs) if t.ok and e is not None]
+        if scorer is None or not done:
+            return
+        try:
+            scores = await scorer([(t.messages, t.completion_ids, e) for t, e in done], group.task)
+        except RewardError as exc:
+            if self.config.reward_errors == "raise":
+                raise
+            for t, _ in done:
+                t.error, t.finish_reason = str(exc), "reward_error"
+            return
+        for (t, _), (reward, components) in zip(done, scores):
+            if not components:
+                continue
+            t.reward += float(reward)
+            _add_components(t.rewards, components)
+            if t.turns:
+                t.turns[-1].reward += float(reward)
+                _add_components(t.turns[-1].rewards, components)
 
     async def _sample(self, turn: TurnRequest) -> Generation:
         sample = getattr(turn.env, "sample", None)  # the environment may narrow a turn (a harness's max_tokens, stop)

@@ -23,6 +23,7 @@ from agentrl.compute.parallel.distributed import accelerator_handlers
 from agentrl.compute.parallel.strategy import Strategy
 from agentrl.core.overrides import build, parse_overrides
 from agentrl.core.strict import ConfigError
+from agentrl.env.batched import BatchedReward, is_batched
 from agentrl.env.environment import EnvError, Environment, Reward
 from agentrl.env.registry import UnknownEnvironment, load_object, make
 from agentrl.env.reward_check import check_env_rewards
@@ -37,8 +38,11 @@ from agentrl.train.resume_config import resume_overrides
 
 
 def config_from(config: TrainConfig | None, env: str | Environment | None, keys: dict[str, Any]) -> TrainConfig:
-    """``config`` with ``keys`` (CLI keys, dotted or nested) applied on top; an instance's class names the run."""
-    overrides = parse_overrides([f"{k}={json.dumps(v, default=str)}" for k, v in keys.items()])
+    """``config`` with ``keys`` (CLI keys, dotted or nested) applied on top; an instance's class names the run.
+
+    A ``peft.LoraConfig`` object becomes its fields as plain data; a ``torch.dtype`` its name; any other
+    object that is not plain data (a path excepted) is refused with its key, never written as its repr."""
+    overrides = parse_overrides([f"{k}={json.dumps(_plain_value(k, v), default=_path_only(k))}" for k, v in keys.items()])
     if isinstance(env, Environment):
         if "env_args" in overrides:
             raise ConfigError("env_args: only for an environment given by name; pass the arguments to your Environment instance")
@@ -51,6 +55,25 @@ def config_from(config: TrainConfig | None, env: str | Environment | None, keys:
         return config
     base = config.model_dump(exclude_unset=True)
     return build(TrainConfig, _merge(base, overrides))
+
+
+def _plain_value(key: str, value: Any) -> Any:
+    if type(value).__module__.startswith("peft."):
+        from agentrl.compute.adapters import lora_settings
+
+        return lora_settings(value)
+    return value
+
+
+def _path_only(key: str) -> Any:
+    def default(value: Any) -> str:
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, torch.dtype):  # model.dtype=torch.bfloat16
+            return str(value).removeprefix("torch.")
+        raise ConfigError(f"{key}: a {type(value).__name__} object is not a config value (numbers, strings, lists, dicts, paths)")
+
+    return default
 
 
 def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -96,8 +119,27 @@ def _forget_other_precision(mixed_precision: str) -> None:
         AcceleratorState._reset_state(reset_partial_state=False)
 
 
-def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environment, Any]:
-    """The environment (with ``extra_rewards`` added) and its non-empty train split."""
+def take_reward_objects(keys: dict[str, Any]) -> tuple[dict[str, Any], list[Reward | BatchedReward]]:
+    """``Trainer`` keys with the Python objects of ``extra_rewards`` taken out: a ``Reward`` (e.g.
+    ``RewardModel(...).as_reward()``), a ``BatchedReward`` or a plain function. They cannot be written
+    to config.json, so they stay out of it (give them again on resume); specs (``{fn: "mod:f"}``) stay."""
+    specs = keys.get("extra_rewards")
+    if not isinstance(specs, list | tuple):
+        return keys, []
+    objects: list[Reward | BatchedReward] = []
+    kept = []
+    for spec in specs:
+        if isinstance(spec, Reward | BatchedReward):
+            objects.append(spec)
+        elif callable(spec):
+            objects.append(BatchedReward(spec) if is_batched(spec) else Reward(spec))
+        else:
+            kept.append(spec)
+    return {**keys, "extra_rewards": kept}, objects
+
+
+def load_environment(cfg: TrainConfig, env: Environment | None, extra: list[Reward | BatchedReward] = ()) -> tuple[Environment, Any]:  # type: ignore[assignment]
+    """The environment (with ``extra_rewards`` and the reward objects ``extra`` added) and its non-empty train split."""
     name = cfg.env
     if env is None:
         try:
@@ -109,7 +151,7 @@ def load_environment(cfg: TrainConfig, env: Environment | None) -> tuple[Environ
     if not isinstance(env, Environment):
         raise ConfigError(f"env={name}: expected an agentrl Environment, got {type(env).__name__}")
     try:
-        env = env.with_rewards([_load_reward(r) for r in cfg.extra_rewards])
+        env = env.with_rewards([*(_load_reward(r) for r in cfg.extra_rewards), *extra])
     except EnvError as exc:
         raise ConfigError(f"extra_rewards: {exc}") from None
     if cfg.guidance.enabled and not has_demonstrations(env):
@@ -138,10 +180,11 @@ def _split(env: Environment, name: str, split: str) -> Any:
 def _load_reward(spec: Any) -> Reward:
     try:
         fn = load_object(spec.fn)
-        if isinstance(fn, Reward):  # e.g. RewardModel(...).as_reward() or JudgeReward(...).as_reward() in a file
+        if isinstance(fn, Reward | BatchedReward):  # e.g. RewardModel(...).as_reward() or JudgeReward(...).as_reward() in a file
             weight = spec.weight if "weight" in spec.model_fields_set else fn.weight
             return dataclasses.replace(fn, weight=weight, name=spec.name or fn.name)
-        return Reward(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
+        kind = BatchedReward if callable(fn) and is_batched(fn) else Reward  # TRL's batched signature: once per group
+        return kind(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
     except (UnknownEnvironment, TypeError, ValueError) as exc:
         raise ConfigError(f"extra_rewards: {spec.fn}: {exc}") from None
 
@@ -207,13 +250,14 @@ def _uses_dropout(model: torch.nn.Module) -> bool:
     return any("dropout" in k and isinstance(v, (int, float)) and v > 0 for k, v in values)
 
 
-def generation_base(path: str, kind: str) -> str:
-    """The checkpoint a separate generator loads: the policy's, or an adapter's base model."""
+def generation_base(path: str, kind: str, base: str | None = None) -> str:
+    """The checkpoint a separate generator loads: the policy's, or an adapter's base model
+    (``base``: where it was found; default: its recorded location, agentrl/compute/adapters.py)."""
     if kind != "adapter":
         return path
-    from agentrl.compute.models import resolve_model
+    from agentrl.compute.adapters import adapter_base
 
-    return resolve_model(json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"])
+    return base or adapter_base(path)
 
 
 def peak_memory_gib() -> float | None:

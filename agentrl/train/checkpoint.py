@@ -215,10 +215,13 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     state: dict[str, Any],
+    base_model: str | None = None,
 ) -> Path:
     """Write everything needed to continue; ``state`` holds step, data position and history.
 
-    The run id of the run folder (``open_run``) is recorded with it."""
+    The run id of the run folder (``open_run``) is recorded with it. An adapter checkpoint records
+    its ``base_model`` as given (``base_model.json``: relative to the checkpoint where the base was
+    a relative path or inside the run, so it keeps working when the folders move together)."""
     run_id = run_id_of(path.parent.parent)
     if run_id is not None:
         state = {**state, "run_id": run_id}
@@ -227,6 +230,10 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
+    if base_model is not None and (tmp / "adapter_config.json").is_file():
+        from agentrl.compute.adapters import record_base
+
+        record_base(tmp, base_model, run_dir=path.parent.parent)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     torch.save(

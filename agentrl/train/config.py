@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Literal
 
 import pydantic
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from agentrl.core.sections import section_defaults, under
 from agentrl.core.strict import Strict
@@ -37,10 +38,56 @@ class DynamicSamplingConfig(Strict):
 
 
 class AdapterConfig(Strict):
+    """``peft.*``: a new LoRA adapter. Besides the four fields below, every ``peft.LoraConfig`` field is
+    taken (``peft.use_rslora=true``, ``peft.modules_to_save=[lm_head]``, ``peft.use_dora=true``...), and
+    from Python a ``LoraConfig`` object is taken whole (agentrl/compute/adapters.py); config.json
+    records them as plain data."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     r: int = Field(16, ge=1, description="LoRA rank")
     lora_alpha: int = Field(32, description="LoRA scaling numerator (scale = lora_alpha / r)")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input")
-    target_modules: list[str] | str = Field("all-linear", description="module names to adapt, or 'all-linear'")
+    target_modules: list[str] | str | None = Field("all-linear", description="module names to adapt, or 'all-linear' (null: peft's choice for the architecture)")
+    load_in_4bit: bool = Field(False, description="QLoRA: the base model in 4-bit NF4 through bitsandbytes (CUDA only), computing in model.dtype (auto: bfloat16)")
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _lora_config_object(cls, data: Any) -> Any:
+        """A ``peft.LoraConfig`` object becomes its fields as plain data (every one the user set)."""
+        if type(data).__module__.startswith("peft."):
+            from agentrl.compute.adapters import lora_settings
+
+            return lora_settings(data)
+        return data
+
+    @pydantic.model_validator(mode="after")
+    def _lora_fields(self) -> AdapterConfig:
+        extra = self.model_extra or {}
+        if extra:
+            from agentrl.compute.adapters import lora_field_names, plain
+
+            known = lora_field_names()
+            for name, value in extra.items():
+                if name not in known:
+                    close = difflib.get_close_matches(name, sorted(known | set(type(self).model_fields)), n=1)
+                    hint = f" (did you mean peft.{close[0]}?)" if close else ""
+                    raise ValueError(f"peft.{name}: unknown key{hint}; peft.* takes r, lora_alpha, lora_dropout, target_modules, load_in_4bit and any peft.LoraConfig field")
+                plain(value, name)
+        return self
+
+    def lora_fields(self) -> dict[str, Any]:
+        """The ``peft.LoraConfig`` keyword arguments of this section."""
+        return {k: v for k, v in self.model_dump().items() if k != "load_in_4bit"}
+
+
+class TrainModelConfig(ModelConfig):
+    """``model.*`` of a training run: the generation settings, plus how the policy's base is loaded."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="the policy's base weights (auto: float32 for full fine-tuning, the master weights; under LoRA bfloat16 on CUDA, float32 on CPU); full fine-tuning in bfloat16 updates bf16 weights directly"
+    )
+    base: str | None = Field(None, description="with an adapter folder as model.path: where its base model is now (default: the one its checkpoint recorded)")
 
 
 class ExtraRewardConfig(Strict):
@@ -75,7 +122,7 @@ class TrainConfig(Strict):
 
     env: str = Field("calculator", description=ENV_DOC)
     env_args: dict[str, Any] = Field(default_factory=dict, description=ENV_ARGS_DOC)
-    model: ModelConfig = Field(default_factory=ModelConfig)
+    model: TrainModelConfig = Field(default_factory=TrainModelConfig)
     output_dir: str | None = Field(None, description="run folder (default runs/<env>-<time>)")
     seed: int = Field(0, description="seeds torch, task order and sampling (sampling.seed defaults to it)")
     resume: str | None = Field(None, description="'latest' (in output_dir), a run folder or a checkpoint folder")
@@ -193,7 +240,14 @@ class TrainConfig(Strict):
             raise ValueError("share_prompt/micro_batch_tokens have no effect with pack_sequences=false (micro_batch_size sets the padded micro-batches)")
         if self.eval_every == 0 and self.model_fields_set & {"eval_tasks", "eval_temperature", "eval_seed"}:
             raise ValueError("eval_tasks/eval_temperature/eval_seed have no effect without eval_every > 0")
+        if self.peft is not None and self.peft.load_in_4bit:
+            if not self.generator.decodes_the_policy:
+                raise ValueError(f"peft.load_in_4bit=true (QLoRA): generator.backend={self.generator.backend} cannot take a 4-bit base's weights; use generator.backend=transformers")
+            if self.max_staleness > 0:
+                raise ValueError("peft.load_in_4bit=true (QLoRA) with max_staleness > 0: the rollouts-ahead copy of a 4-bit model is not supported; use max_staleness=0")
         if self.distributed.strategy == "fsdp":
+            if self.model.dtype not in ("auto", "float32"):
+                raise ValueError(f"distributed.strategy=fsdp with model.dtype={self.model.dtype}: FSDP2 shards float32 master weights and computes in bf16 (precision); leave model.dtype=auto")
             if self.peft is not None:
                 raise ValueError("distributed.strategy=fsdp shards full fine-tuning; LoRA trains a few parameters: use ddp (the default)")
             if self.loss.beta > 0:
@@ -202,7 +256,7 @@ class TrainConfig(Strict):
                 raise ValueError("distributed.strategy=fsdp: optimizer=adamw_8bit does not take sharded parameters (FSDP already divides AdamW's state by the number of ranks); use optimizer=auto or adamw")
             if self.optimizer_offload:
                 raise ValueError("distributed.strategy=fsdp: optimizer_offload is not supported with sharded parameters (FSDP already divides AdamW's state by the number of ranks)")
-            if self.generator.backend != "transformers":
+            if not self.generator.decodes_the_policy:
                 raise ValueError("distributed.strategy=fsdp: only generator.backend=transformers decodes from the gathered copy so far")
         if self.warm_start.steps and self.max_staleness > 0:
             raise ValueError("warm_start.steps with max_staleness > 0: the background rollouts would start from the weights before the warm start; run them separately (resume=... max_staleness=N)")
@@ -215,7 +269,7 @@ class TrainConfig(Strict):
         if self.max_staleness > 0:
             if self.loss.sampler_is_mode is None:
                 raise ValueError("max_staleness > 0 trains on episodes of older weights: it needs the sampler importance-sampling correction (loss.sampler_is_mode=truncate or mask)")
-            if self.generator.backend != "transformers" and not self.distributed.generator_ranks:
+            if not self.generator.decodes_the_policy and not self.distributed.generator_ranks:
                 raise ValueError("max_staleness > 0: only generator.backend=transformers runs the background rollouts so far")
             if self.distributed.strategy == "fsdp" and not self.distributed.generator_ranks:
                 raise ValueError("max_staleness > 0 runs in one process; distributed.strategy=fsdp needs several (or distributed.generator_ranks > 0)")

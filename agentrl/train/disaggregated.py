@@ -188,11 +188,11 @@ def serve(cfg: TrainConfig) -> int:
     """A generator rank's whole run: build the rollout side, then roll out this rank's share of
     every generation batch until the trainers stop (see the module docstring)."""
     from agentrl.chat import get_chat_format
-    from agentrl.compute.models import load_tokenizer, pad_token_id, resolve_model
-    from agentrl.compute.reference import is_adapter_folder, load_policy
+    from agentrl.compute.models import load_tokenizer, pad_token_id
     from agentrl.rollout.engine import RolloutEngine
     from agentrl.train.build import generation_base, load_environment, with_guidance
     from agentrl.train.draw import train_seed
+    from agentrl.train.model_source import load_planned, plan_model
     from agentrl.train.state import TrainState
 
     links = connect(roles_from_env(cfg.distributed.generator_ranks), cfg.distributed_timeout_s)
@@ -205,14 +205,15 @@ def serve(cfg: TrainConfig) -> int:
     torch.manual_seed(cfg.seed)
     links.doing("loading the environment and the model")
     env, data = load_environment(cfg, None)
-    path = resolve_model(cfg.model.path)
-    tokenizer = load_tokenizer(cfg.model.path if not is_adapter_folder(path) else path)
+    plan = plan_model(cfg)  # the trainers' own plan: the same dtype, kind and adapter base
+    path = plan.path
+    tokenizer = load_tokenizer(path)
     chat_format = get_chat_format(tokenizer, cfg.model.chat_format)
-    policy, kind = load_policy(path, torch.float32, str(links.device), cfg.peft.model_dump() if cfg.peft else None)
+    policy, kind = load_planned(plan, cfg, str(links.device))
     policy.eval()
     bf16 = compute_bf16(cfg)
     generator = build_generator(
-        cfg.generator, model=policy, model_path=generation_base(path, kind), pad_token_id=pad_token_id(tokenizer, chat_format.stop_token_ids),
+        cfg.generator, model=policy, model_path=generation_base(path, kind, plan.base), pad_token_id=pad_token_id(tokenizer, chat_format.stop_token_ids),
         max_context=cfg.rollout.max_context, seed=cfg.seed, train_dtype=torch.bfloat16 if bf16 else None,
     )
     engine = with_guidance(RolloutEngine(generator, chat_format, cfg.rollout, cfg.sampling), cfg.guidance)

@@ -19,10 +19,11 @@ from agentrl.core.strict import ConfigError
 PROMPTS_CHECKED = 16  # the first tasks of the split whose prompts must fit rollout.max_context
 
 
-def preflight_train(cfg: Any, env: Any = None) -> Any:
+def preflight_train(cfg: Any, env: Any = None, tokenizer: Any = None) -> Any:
     """Everything ``agentrl train`` (and ``Trainer``) can check before loading weights (``cfg``: a ``TrainConfig``).
 
-    ``env``: an environment instance given to ``Trainer`` (else ``cfg.env`` is built). Returns the
+    ``env``: an environment instance given to ``Trainer`` (else ``cfg.env`` is built); ``tokenizer``:
+    the one given with a pre-loaded model (else ``model.path``'s is loaded to prove it). Returns the
     environment, so a caller that can take one need not build it twice.
     """
     from agentrl.generators.config import require_backend
@@ -38,7 +39,8 @@ def preflight_train(cfg: Any, env: Any = None) -> Any:
     check_task_field("curriculum.key", cfg.curriculum.key, tasks)
     for i, reward in enumerate(cfg.extra_rewards):
         check_callable(f"extra_rewards[{i}].fn", reward.fn)
-    tokenizer = check_model(cfg.model.path)
+    if tokenizer is None:  # a tokenizer given with a pre-loaded model: no path to prove
+        tokenizer = check_model(cfg.model.path)
     check_prompts_fit(env, tasks, tokenizer, cfg.model.chat_format, cfg.rollout.max_context)
     return env
 

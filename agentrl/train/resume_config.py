@@ -55,11 +55,15 @@ def resume_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     defaults = json.loads(
         json.dumps(build(TrainConfig, {"env": saved.get("env", "calculator")}).model_dump(), default=str)
     )
+    moved: dict[str, Any] = {}
     for key, value in _leaves(overrides):
         top = key.split(".")[0]
         if top in MAY_CHANGE:
             continue
         before = _get(saved, key)
+        if key in RELOCATABLE and before != value and (key == "model.base" or not _is_here(before)):
+            moved[key] = value  # the same model at a new place: its saved folder is gone from this machine
+            continue
         if before != value and json.dumps(before, default=str) != json.dumps(value, default=str):
             raise ConfigError(
                 f"resume={resume}: {key}={json.dumps(value, default=str)} differs from the run's {key}={json.dumps(before, default=str)}; "
@@ -69,8 +73,23 @@ def resume_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
     out = _prune(saved, defaults)
     out.update({k: saved[k] for k in ("env", "env_args") if k in saved})  # the defaults were built for this env
     out.update({k: v for k, v in overrides.items() if k in MAY_CHANGE})
+    for key, value in moved.items():
+        out.setdefault("model", {})[key.split(".", 1)[1]] = value
+        print(f"resume: {key} was {_get(saved, key)!r} (not found here), now {value!r}", flush=True)
     out.setdefault("output_dir", str(run_dir))
     return out
+
+
+# A model's location may change on resume when its saved folder no longer exists here (a moved
+# base of a LoRA run; model.base always: it only says where an adapter's base is now).
+RELOCATABLE = frozenset({"model.path", "model.base"})
+
+
+def _is_here(path: Any) -> bool:
+    from agentrl.compute.models import DEFAULT_MODEL
+
+    # a name that is not a path (the bundled model, a hub id) has no folder to lose
+    return not isinstance(path, str) or path == DEFAULT_MODEL or Path(path).exists() or not path.startswith(("/", "./", "../"))
 
 
 def _leaves(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

@@ -52,11 +52,13 @@ class TrainState:
 
 
 def save_run(
-    run_dir: Path, state: TrainState, policy_kind: str, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, keep: int | None, world_size: int = 1
+    run_dir: Path, state: TrainState, policy_kind: str, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any, keep: int | None, world_size: int = 1,
+    base_model: str | None = None,
 ) -> Path:
-    """Checkpoint the run at its current step, keeping the newest ``keep`` checkpoints."""
+    """Checkpoint the run at its current step, keeping the newest ``keep`` checkpoints (``base_model``:
+    an adapter's base as given, recorded in the checkpoint)."""
     path = checkpoint_dir(run_dir, state.step)
-    save_checkpoint(path, model, tokenizer, optimizer, scheduler, state.to_dict(policy_kind, world_size))
+    save_checkpoint(path, model, tokenizer, optimizer, scheduler, state.to_dict(policy_kind, world_size), base_model=base_model)
     prune_checkpoints(run_dir, keep)  # this run's own checkpoints, by step number (never another run's)
     return path
 

@@ -30,7 +30,7 @@ import torch
 from agentrl.compute.compile_layers import compile_layers
 from agentrl.compute.parallel.distributed import any_rank, gather, peer_failures, share
 from agentrl.compute.parallel.strategy import make_strategy
-from agentrl.compute.reference import Reference, is_adapter_folder, load_policy
+from agentrl.compute.reference import Reference
 from agentrl.core.strict import ConfigError
 from agentrl.core.trajectory import TrajectoryGroup
 from agentrl.env.environment import Environment
@@ -54,12 +54,14 @@ from agentrl.train.build import (
     load_environment,
     peak_memory_gib,
     start_run,
+    take_reward_objects,
     with_guidance,
 )
 from agentrl.train.config import TrainConfig, skipped_bundled_defaults
 from agentrl.train.disaggregated import RemoteRollouts, trainer_links
 from agentrl.train.draw import GroupDraw, train_seed
 from agentrl.train.interrupt import stop_on_interrupt
+from agentrl.train.model_source import load_planned, plan_model, take_model_objects
 from agentrl.train.state import TrainState, resume_run, save_run
 from agentrl.train.warm_start import run_warm_start
 
@@ -67,15 +69,20 @@ from agentrl.train.warm_start import run_warm_start
 class Trainer:
     """Builds everything from a ``TrainConfig`` (or the same keys as keyword arguments) and runs ``train()``.
 
-    ``env``: a registered name, a ``module:Class`` spec, or an ``Environment`` instance.
+    ``env``: a registered name, a ``module:Class`` spec, or an ``Environment`` instance. ``model``: a
+    folder, hub id or ``"default"``, or a loaded ``PreTrainedModel``/``PeftModel`` (with
+    ``tokenizer=``, else its ``name_or_path``'s is loaded); ``peft``: ``peft.*`` keys or a
+    ``peft.LoraConfig`` (docs/training.md, the model).
     """
 
     def __init__(self, config: TrainConfig | None = None, /, *, env: str | Environment | None = None, **keys: Any) -> None:
         from agentrl.chat import get_chat_format
-        from agentrl.compute.models import load_tokenizer, pad_token_id, resolve_model
+        from agentrl.compute.models import load_tokenizer, pad_token_id
         from agentrl.train.preflight import preflight_train
 
         instance = env if isinstance(env, Environment) else None
+        keys, module, tokenizer = take_model_objects(keys)  # model=<PreTrainedModel>: its name_or_path in config.json
+        keys, reward_objects = take_reward_objects(keys)  # extra_rewards=[Reward(...), fn]: Python objects, not config
         cfg = self.cfg = config_from(config, env, keys)
         skipped = skipped_bundled_defaults(cfg)
         if skipped:  # never silent: the user sees what the environment tuned on the bundled model and this run does not use
@@ -84,21 +91,23 @@ class Trainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         # the CLI's pre-checks and the environment first: their mistakes must not cost a model load or a run folder
-        built = preflight_train(cfg, instance)
-        self.env, self.train_data = load_environment(cfg, built)
+        built = preflight_train(cfg, instance, tokenizer=tokenizer)
+        self.env, self.train_data = load_environment(cfg, built, reward_objects)
+        plan = plan_model(cfg, module)  # kind, dtype, an adapter's base: checked before the run folder
         check_trackers(cfg.report_to)
         require_backend(cfg.generator)
         self.links = trainer_links(cfg)  # generator_ranks: the trainers' own process group, before accelerate starts
         self.accelerator, self.run_dir, bf16 = start_run(cfg)
         self.is_main = self.accelerator.is_main_process  # rank 0 alone writes logs, samples, checkpoints, the curve
-        path = resolve_model(cfg.model.path)
-        self.tokenizer = load_tokenizer(cfg.model.path if not is_adapter_folder(path) else path)
+        path = plan.path
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(path)
         self.chat_format = get_chat_format(self.tokenizer, cfg.model.chat_format)
         strategy, why = make_strategy(cfg.distributed.strategy, self.accelerator.num_processes)
         if why and self.is_main:
             print(why, flush=True)
         self.strategy = strategy
-        policy, kind = load_policy(path, torch.float32, strategy.load_device(self.accelerator.device), cfg.peft.model_dump() if cfg.peft else None)
+        policy, kind = load_planned(plan, cfg, strategy.load_device(self.accelerator.device))
+        self.base_model = plan.given_base  # what adapter checkpoints record as their base (agentrl/compute/adapters.py)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(policy)
         self.reference = Reference(policy, kind, cfg.loss.beta, adapter_path=path if kind == "adapter" else None)
@@ -116,7 +125,7 @@ class Trainer:
 
         self.pad_id = pad_token_id(self.tokenizer, self.chat_format.stop_token_ids)
         generator = build_generator(
-            cfg.generator, model=generation_model if generation_model is not None else self._module(), model_path=generation_base(path, kind),
+            cfg.generator, model=generation_model if generation_model is not None else self._module(), model_path=generation_base(path, kind, plan.base),
             pad_token_id=self.pad_id, max_context=cfg.rollout.max_context, seed=cfg.seed, train_dtype=torch.bfloat16 if bf16 else None,
         )
         self.generator = over_copy(generator, self.policy, generation_model)  # FSDP2: decodes an unsharded copy
@@ -345,8 +354,36 @@ class Trainer:
                 return self._checkpoint_dir()
             return save_run(
                 self.run_dir, self.state, self.policy_kind, model, self.tokenizer, optimizer, self.scheduler, self.cfg.keep_checkpoints,
-                world_size=self.accelerator.num_processes,
+                world_size=self.accelerator.num_processes, base_model=self.base_model,
             )
+
+    def save_model(self, path: str | Path, merged: bool = False) -> Path:
+        """Write the policy to ``path`` with its tokenizer, for use outside agentrl.
+
+        Full fine-tuning: a transformers folder (``merged`` changes nothing). LoRA: ``merged=False``
+        writes the adapter folder (``adapter_config.json``, ``adapter_model.safetensors`` and
+        ``base_model.json``, where its base is recorded as given); ``merged=True`` writes a plain
+        transformers folder with the adapter folded into a copy of the base weights (the training
+        module is untouched), loadable by ``AutoModelForCausalLM.from_pretrained``. Every rank must
+        call it (sharded weights are gathered); rank 0 writes.
+        """
+        from agentrl.compute.adapters import merged_model, record_base
+
+        out = Path(path)
+        with self._checkpoint_objects(saving=True) as (model, _):
+            if not self.is_main:
+                return out
+            if out.exists() and not out.is_dir():
+                raise ConfigError(f"save_model: {out} is a file, not a folder")
+            out.mkdir(parents=True, exist_ok=True)
+            if merged and self.policy_kind != "full":
+                merged_model(model).save_pretrained(out, safe_serialization=True)
+            else:
+                model.save_pretrained(out, safe_serialization=True)
+                if self.policy_kind != "full":
+                    record_base(out, self.base_model)
+            self.tokenizer.save_pretrained(out)
+        return out
 
     @contextlib.contextmanager
     def _checkpoint_objects(self, saving: bool) -> Iterator[tuple[Any, Any]]:

@@ -4,8 +4,9 @@
         {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Paris"}}
     ]<|END_ACTION|>
 
-An answer is ``<|START_RESPONSE|>text<|END_RESPONSE|>`` (R7B) or plain text (later templates). The
-call id is kept: tool results are addressed to it.
+An answer is ``<|START_RESPONSE|>text<|END_RESPONSE|>`` (R7B), ``<|START_TEXT|>text<|END_TEXT|>``
+(Cohere2 / Command A reasoning templates) or plain text. The call id is kept: tool results are
+addressed to it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from agentrl.core.messages import ParsedResponse, ParseIssue, ToolCall
 THINK_OPEN, THINK_CLOSE = "<|START_THINKING|>", "<|END_THINKING|>"
 ACTION_OPEN, ACTION_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<|START_RESPONSE|>", "<|END_RESPONSE|>"
+TEXT_OPEN, TEXT_CLOSE = "<|START_TEXT|>", "<|END_TEXT|>"
+# The tags an answer is written between, by template generation: R7B's, then Cohere2's.
+_ANSWER_TAGS = ((RESPONSE_OPEN, RESPONSE_CLOSE), (TEXT_OPEN, TEXT_CLOSE))
 _TOOL_NAME = re.compile(r'"tool_name"\s*:\s*"([^"\\]*)"')
 
 
@@ -60,21 +64,23 @@ class CommandParser(ResponseParser):
 
 
 def _answer(text: str, issues: list[ParseIssue]) -> str:
-    """The answer text: inside the response tags where the model wrote them."""
-    start = text.find(RESPONSE_OPEN)
-    if start == -1:
-        if RESPONSE_CLOSE in text:
-            issues.append(ParseIssue("stray_tag", f"{RESPONSE_CLOSE} without {RESPONSE_OPEN}"))
+    """The answer text: inside the response (or text) tags where the model wrote them."""
+    found = [(text.find(o), o, c) for o, c in _ANSWER_TAGS if o in text]
+    if not found:
+        for o, c in _ANSWER_TAGS:
+            if c in text:
+                issues.append(ParseIssue("stray_tag", f"{c} without {o}"))
         return text.strip()
+    start, open_tag, close_tag = min(found)
     if text[:start].strip():
-        issues.append(ParseIssue("trailing_text", f"before {RESPONSE_OPEN}: {text[:start].strip()[:80]!r}"))
-    inner = text[start + len(RESPONSE_OPEN) :]
-    end = inner.find(RESPONSE_CLOSE)
+        issues.append(ParseIssue("trailing_text", f"before {open_tag}: {text[:start].strip()[:80]!r}"))
+    inner = text[start + len(open_tag) :]
+    end = inner.find(close_tag)
     if end == -1:
-        issues.append(ParseIssue("unclosed_tag", f"{RESPONSE_OPEN} is never closed by {RESPONSE_CLOSE}"))
+        issues.append(ParseIssue("unclosed_tag", f"{open_tag} is never closed by {close_tag}"))
         return inner.strip()
-    if inner[end + len(RESPONSE_CLOSE) :].strip():
-        issues.append(ParseIssue("trailing_text", f"after {RESPONSE_CLOSE}: {inner[end + len(RESPONSE_CLOSE):].strip()[:80]!r}"))
+    if inner[end + len(close_tag) :].strip():
+        issues.append(ParseIssue("trailing_text", f"after {close_tag}: {inner[end + len(close_tag):].strip()[:80]!r}"))
     return inner[:end].strip()
 
 
