@@ -251,3 +251,15 @@ def test_a_reward_model_given_by_path_or_object_as_in_trl(tmp_path):
     trainer.train()
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert "reward/tiny-rm" in row and row["reward/tiny-rm/std"] > 0  # a real model's scores vary over completions
+
+
+def test_evaluate_on_the_eval_dataset_after_training(tmp_path):
+    def answer_is_there(completions, answer, **kwargs):
+        return [float(a in c[0]["content"]) for c, a in zip(completions, answer)]
+
+    trainer = GRPOTrainer(model="default", reward_funcs=answer_is_there, args=args(tmp_path), train_dataset=tasks(), eval_dataset=tasks(6))
+    trainer.train()
+    out = trainer.evaluate()
+    assert 0.0 <= out["eval/reward"] <= 1.0 and len(trainer.trainer.eval_results[1]) == 6
+    with pytest.raises(ConfigError, match="no eval_dataset"):
+        GRPOTrainer(model="default", reward_funcs=answer_is_there, args=args(tmp_path / "b"), train_dataset=tasks()).evaluate()

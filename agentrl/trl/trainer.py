@@ -96,6 +96,14 @@ class GRPOTrainer:
         """Train; returns the last step's metrics (the run folder holds every step's)."""
         return self.trainer.train()
 
+    def evaluate(self, num_tasks: int | None = None) -> dict[str, float]:
+        """Mean reward (``eval/reward``, and each reward's mean) of the policy on the first
+        ``num_tasks`` tasks of ``eval_dataset`` (default ``eval_tasks``), one greedy episode each
+        (``eval_temperature``), as TRL's ``evaluate()`` after or during training."""
+        if "test" not in self.env.__dict__.get("_datasets", {}):
+            raise ConfigError("GRPOTrainer.evaluate: no eval_dataset was given")
+        return self.trainer.evaluate(num_tasks or self.cfg.eval_tasks)
+
     def save_model(self, output_dir: str | None = None, merged: bool = False) -> Any:
         """The model (LoRA: the adapter folder, or with ``merged=True`` the base with the adapter
         folded in) to ``output_dir``, as TRL's (default: the run's ``output_dir``)."""
