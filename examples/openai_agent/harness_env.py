@@ -30,6 +30,8 @@ async def run(task: dict[str, Any], client: Any) -> None:
 class CalculatorAgentEnv(HarnessEnvironment):
     """The calculator's tasks and rewards around ``agent.solve``."""
 
+    accuracy_reward = "correct"  # logged as accuracy / eval/accuracy, as for env=calculator
+
     def __init__(self, **calculator_args: Any) -> None:
         tasks = CalculatorEnv(**calculator_args)
         super().__init__(run, datasets=tasks, rewards=tasks.rewards, max_turns=tasks.max_turns)
