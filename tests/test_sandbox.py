@@ -281,3 +281,23 @@ if __name__ == "__main__":  # the escape table for docs and reports
             mark = "" if contained == expected(b, name) else " **(differs from EXPECTED)**"
             cells.append(("contained" if contained else "NOT contained") + f" ({last}){mark}")
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+def test_the_docs_table_states_what_the_tests_assert() -> None:
+    """docs/environments.md's attack table, row by row in EXPECTED's order: "contained" exactly where
+    the escape suite asserts containment, per backend ("contained as root" where that depends on it)."""
+    from sandbox_attacks import ROOT_USER
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "environments.md").read_text()
+    start = text.index("| attack (tests/sandbox_attacks.py) | bwrap | unshare | none |")
+    rows = []
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    assert len(rows) == len(EXPECTED)
+    for (attack, (_, *columns)), cells in zip(EXPECTED.items(), rows):
+        stated = [not c.lstrip("*").startswith("not contained") for c in cells[1:4]]
+        if cells[3].startswith("contained as root"):
+            stated[2] = ROOT_USER
+        assert stated == columns, (attack, cells[0])
