@@ -60,6 +60,13 @@ def test_every_trl_name_the_issue_lists_is_mapped_or_refused_with_its_reason():
     GRPOConfig(repetition_penalty=1.0, remove_unused_columns=False)  # the values agentrl behaves as
 
 
+def test_attributes_read_as_in_trl():
+    cfg = GRPOConfig(output_dir="out", beta=0.04)
+    assert (cfg.output_dir, cfg.beta, cfg.learning_rate, cfg.save_total_limit) == ("out", 0.04, 1e-6, None)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        cfg.nonsense  # noqa: B018
+
+
 def test_unknown_names_get_a_did_you_mean_and_agentrl_keys_are_accepted():
     with pytest.raises(ConfigError, match="unknown argument 'learnig_rate' \\(did you mean 'learning_rate'\\?\\)"):
         GRPOConfig(learnig_rate=1e-5)
@@ -261,5 +268,10 @@ def test_evaluate_on_the_eval_dataset_after_training(tmp_path):
     trainer.train()
     out = trainer.evaluate()
     assert 0.0 <= out["eval/reward"] <= 1.0 and len(trainer.trainer.eval_results[1]) == 6
+    import torch
+
+    assert isinstance(trainer.model, torch.nn.Module) and trainer.processing_class is trainer.trainer.tokenizer  # TRL's attributes
+    with pytest.raises(ConfigError, match="does not upload.*upload_folder"):
+        trainer.push_to_hub()
     with pytest.raises(ConfigError, match="no eval_dataset"):
         GRPOTrainer(model="default", reward_funcs=answer_is_there, args=args(tmp_path / "b"), train_dataset=tasks()).evaluate()

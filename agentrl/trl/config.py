@@ -173,7 +173,9 @@ class GRPOConfig:
             return given[name]
         if name in TRL_DEFAULTS:
             return TRL_DEFAULTS[name]
-        raise AttributeError(name)
+        if name in TRL_NAMES:  # a TRL name the script did not set (``args.output_dir`` after training)
+            return None
+        raise AttributeError(f"GRPOConfig has no attribute {name!r}")
 
     def __repr__(self) -> str:
         return f"GRPOConfig({', '.join(f'{k}={v!r}' for k, v in self.given.items())})"

@@ -92,6 +92,20 @@ class GRPOTrainer:
         """The agentrl ``TrainConfig`` this run uses (written to the run folder's config.json)."""
         return self.trainer.cfg
 
+    @property
+    def model(self) -> Any:
+        """The policy being trained (the PEFT model under LoRA), as TRL's ``trainer.model``."""
+        return self.trainer._module()
+
+    @property
+    def processing_class(self) -> Any:
+        """The tokenizer, as TRL's ``trainer.processing_class``."""
+        return self.trainer.tokenizer
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
+        """Not done here: one clear line instead of an AttributeError."""
+        raise ConfigError("GRPOTrainer.push_to_hub: agentrl does not upload; save_model(path) and push the folder with huggingface_hub.upload_folder")
+
     def train(self) -> dict[str, Any]:
         """Train; returns the last step's metrics (the run folder holds every step's)."""
         return self.trainer.train()
