@@ -23,8 +23,8 @@ from agentrl.compute.parallel.distributed import accelerator_handlers
 from agentrl.compute.parallel.strategy import Strategy
 from agentrl.core.overrides import build, parse_overrides
 from agentrl.core.strict import ConfigError
-from agentrl.env.batched import BatchedReward, is_batched
-from agentrl.env.environment import EnvError, Environment, Reward
+from agentrl.env.batched import BatchedReward
+from agentrl.env.environment import EnvError, Environment, Reward, as_reward
 from agentrl.env.registry import UnknownEnvironment, load_object, make
 from agentrl.env.reward_check import check_env_rewards
 from agentrl.learn.config import LearnerConfig
@@ -132,7 +132,7 @@ def take_reward_objects(keys: dict[str, Any]) -> tuple[dict[str, Any], list[Rewa
         if isinstance(spec, Reward | BatchedReward):
             objects.append(spec)
         elif callable(spec):
-            objects.append(BatchedReward(spec) if is_batched(spec) else Reward(spec))
+            objects.append(as_reward(spec))
         else:
             kept.append(spec)
     return {**keys, "extra_rewards": kept}, objects
@@ -183,8 +183,7 @@ def _load_reward(spec: Any) -> Reward:
         if isinstance(fn, Reward | BatchedReward):  # e.g. RewardModel(...).as_reward() or JudgeReward(...).as_reward() in a file
             weight = spec.weight if "weight" in spec.model_fields_set else fn.weight
             return dataclasses.replace(fn, weight=weight, name=spec.name or fn.name)
-        kind = BatchedReward if callable(fn) and is_batched(fn) else Reward  # TRL's batched signature: once per group
-        return kind(fn, weight=spec.weight, name=spec.name or getattr(fn, "__name__", spec.fn))
+        return dataclasses.replace(as_reward((fn, spec.weight)), name=spec.name or getattr(fn, "__name__", spec.fn))  # TRL's batched signature: once per group
     except (UnknownEnvironment, TypeError, ValueError) as exc:
         raise ConfigError(f"extra_rewards: {spec.fn}: {exc}") from None
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl.core.errors import ConfigError
-from agentrl.env.batched import BatchedReward, is_batched
-from agentrl.env.environment import Environment, Reward, ToolEnvironment
+from agentrl.env.batched import BatchedReward
+from agentrl.env.environment import Environment, Reward, ToolEnvironment, as_reward
 from agentrl.env.factory import FactoryEnvironment
 from agentrl.trl.config import GRPOConfig
 
@@ -152,7 +152,7 @@ def _reward(fn: Any, weight: float, i: int) -> Reward | BatchedReward:
         return dataclasses.replace(model.as_reward(name=name), weight=weight)
     if not callable(fn):
         raise ConfigError(f"GRPOTrainer: reward_funcs[{i}] is a {type(fn).__name__}, not a function, a reward model or a path")
-    return BatchedReward(fn, weight=weight) if is_batched(fn) else Reward(fn, weight=weight)
+    return as_reward((fn, weight))
 
 
 def _is_module(obj: Any) -> bool:
