@@ -188,13 +188,8 @@ class RolloutEngine:
                 t.error, t.finish_reason = str(exc), "reward_error"
             return
         for (t, _), (reward, components) in zip(done, scores):
-            if not components:
-                continue
-            t.reward += float(reward)
-            _add_components(t.rewards, components)
-            if t.turns:
-                t.turns[-1].reward += float(reward)
-                _add_components(t.turns[-1].rewards, components)
+            if components:
+                _add_episode_score(t, reward, components)
 
     async def _sample(self, turn: TurnRequest) -> Generation:
         sample = getattr(turn.env, "sample", None)  # the environment may narrow a turn (a harness's max_tokens, stop)
@@ -303,11 +298,7 @@ class RolloutEngine:
 
     async def _cut(self, env: Environment, traj: Trajectory, reason: str) -> None:
         reward, components = await env.finish()
-        traj.reward += float(reward)
-        _add_components(traj.rewards, components)
-        if traj.turns:  # the episode's score belongs to its last turn (per-turn credit sees it there)
-            traj.turns[-1].reward += float(reward)
-            _add_components(traj.turns[-1].rewards, components)
+        _add_episode_score(traj, reward, components)
         traj.finish_reason = reason
         traj.truncated = True
 
@@ -321,6 +312,15 @@ class RolloutEngine:
     def _event(self, kind: str, traj: Trajectory, turn: int) -> None:
         if self.record_events:
             self.events.append((kind, traj.group * 100_000 + traj.index, turn))
+
+
+def _add_episode_score(traj: Trajectory, reward: float, components: dict[str, float | None]) -> None:
+    """An episode-level score onto the episode and its last turn (per-turn credit sees it there)."""
+    traj.reward += float(reward)
+    _add_components(traj.rewards, components)
+    if traj.turns:
+        traj.turns[-1].reward += float(reward)
+        _add_components(traj.turns[-1].rewards, components)
 
 
 def _add_components(total: dict[str, float | None], new: dict[str, float | None]) -> None:
