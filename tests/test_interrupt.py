@@ -61,3 +61,22 @@ def interrupt_and_resume(tmp_path, extra: list[str]) -> None:
         assert resumed.draw.curriculum is not None and resumed.draw.curriculum.state_dict() == saved
     resumed.train()
     assert (run / "checkpoints" / f"step-{step + 1:06d}" / "trainer_state.json").is_file()
+
+
+def test_time_limit_stops_after_the_step_that_passes_it_with_a_resumable_checkpoint(tmp_path, capsys):
+    """``time_limit_min`` bounds a run on a slow machine (issue 47's 60-minute budget): the first step
+    that ends past the limit is the last, it is checkpointed, one line says so, and resume continues."""
+    from agentrl.core.overrides import build, parse_overrides
+    from agentrl.train.config import TrainConfig
+
+    run = tmp_path / "run"
+    trainer = Trainer(build(TrainConfig, parse_overrides([*ARGS, "max_steps=50", "time_limit_min=0.0001", f"output_dir={run}"])))
+    trainer.train()
+    assert trainer.step == 1 and not trainer.interrupted
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("time limit")]
+    assert len(lines) == 1 and "after step 1 of 50" in lines[0] and "resume=latest" in lines[0], lines
+    assert json.loads((run / "checkpoints" / "step-000001" / "trainer_state.json").read_text())["step"] == 1
+    resumed = Trainer(build(TrainConfig, parse_overrides([*ARGS, "max_steps=2", "time_limit_min=600", f"output_dir={run}", "resume=latest"])))
+    assert resumed.step == 1 and resumed.cfg.time_limit_min == 600, "a resumed run takes a new time limit"
+    resumed.train()
+    assert resumed.step == 2 and (run / "checkpoints" / "step-000002" / "trainer_state.json").is_file()

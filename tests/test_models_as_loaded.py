@@ -268,3 +268,30 @@ def test_an_adapter_checkpoint_of_the_bundled_model_records_default(tmp_path):
     assert adapter_base(checkpoint) == str(bundled_model_path())
     # peft's own record stays an absolute folder that transformers and vLLM can load from anywhere
     assert json.loads((checkpoint / "adapter_config.json").read_text())["base_model_name_or_path"] == str(bundled_model_path())
+
+
+def test_eval_decodes_an_adapter_checkpoint_merged_with_the_adapters_logits(tmp_path):
+    """``agentrl eval model=<adapter>`` folds the LoRA layers into the base once (issue 47: the
+    unmerged wrappers cost every decoded token two extra products per linear layer)."""
+    from agentrl.cli.main import load_generation
+    from agentrl.compute.adapters import fold_adapters
+    from agentrl.core.overrides import build
+    from agentrl.rollout.config import EvalConfig
+
+    trainer = Trainer(env="calculator", max_steps=1, output_dir=str(tmp_path / "run"), peft={"r": 4}, learning_rate=1e-2, **SMALL)
+    trainer.train()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        expected = trainer._module()(ids).logits
+    adapter = trainer.save_model(tmp_path / "adapter")
+    loaded = load_model(adapter, dtype=torch.float32, device="cpu")
+    assert any("lora" in n for n in loaded.state_dict())
+    assert fold_adapters(loaded) > 0 and not any("lora" in n for n in loaded.state_dict())
+    assert fold_adapters(loaded) == 0, "folding twice finds nothing left"
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, expected, atol=1e-4)
+    cfg = build(EvalConfig, {"model": {"path": str(adapter)}})
+    generator, _ = load_generation(cfg.model, cfg.generator)
+    assert not any("lora" in n for n in generator.model.state_dict())
+    with torch.no_grad():
+        assert torch.allclose(generator.model(ids).logits, expected, atol=1e-4)

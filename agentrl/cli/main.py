@@ -211,6 +211,7 @@ def load_generation(model_cfg: Any, gen_cfg: Any) -> tuple[Any, Any]:
     import torch
 
     from agentrl.chat import get_chat_format
+    from agentrl.compute.adapters import fold_adapters
     from agentrl.compute.models import load_model, load_tokenizer, pad_token_id
     from agentrl.generators import build_generator
     from agentrl.generators.config import require_backend
@@ -223,6 +224,7 @@ def load_generation(model_cfg: Any, gen_cfg: Any) -> tuple[Any, Any]:
     if gen_cfg.decodes_the_policy:  # the vLLM backends load the checkpoint themselves
         dtype = None if model_cfg.dtype == "auto" else getattr(torch, model_cfg.dtype)
         model = load_model(model_cfg.path, dtype=dtype, device=model_cfg.device)
+        fold_adapters(model)  # an adapter checkpoint is only decoded here: merged, it costs nothing per token
     generator = build_generator(gen_cfg, model_path=model_cfg.path, pad_token_id=pad, max_context=None, model=model)
     return generator, chat_format
 

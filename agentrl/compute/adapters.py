@@ -216,3 +216,26 @@ def merged_model(model: Any) -> Any:
         set_peft_model_state_dict(plain_model, {k: v.to("cpu") for k, v in get_peft_model_state_dict(model).items()})
         return plain_model.merge_and_unload().eval()
     return generation_copy(model, device="cpu", merge_adapters=True)
+
+
+def fold_adapters(model: Any) -> int:
+    """Merge every LoRA layer of ``model`` into its base weights in place and put the plain base layer
+    back where the LoRA wrapper was; the number of layers folded (0 for a model without adapters).
+
+    Why: ``agentrl eval model=<adapter checkpoint>`` only decodes, and an unmerged adapter costs two
+    extra small matrix products and a Python wrapper per linear layer per token (on SmolLM2-135M, 210
+    of them; benchmarks/RESULTS.md, issue 47). Merged in the loaded dtype, the logits are the
+    adapter's up to float rounding. Only for a model nothing trains afterwards.
+    """
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # no peft: no adapter can be loaded
+        return 0
+    wrapped = [(name, m) for name, m in model.named_modules() if isinstance(m, BaseTunerLayer)]
+    for name, layer in wrapped:
+        layer.merge()
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, layer.get_base_layer())
+    if wrapped and hasattr(model, "_hf_peft_config_loaded"):
+        model._hf_peft_config_loaded = False  # transformers' adapter methods would look for the wrappers
+    return len(wrapped)

@@ -129,6 +129,9 @@ class TrainConfig(Strict):
 
     # batch shape
     max_steps: int = Field(60, ge=1, description="optimizer steps")
+    time_limit_min: float | None = Field(
+        None, gt=0, description="stop after the first step that ends past this many minutes of the run's wall time (warm start and evals included), with a checkpoint; resume=latest continues (null: max_steps alone)"
+    )
     prompts_per_step: int = Field(16, ge=1, description="tasks per optimizer step")
     num_generations: int = Field(8, ge=2, description="episodes per task (the GRPO group)")
     steps_per_generation: int = Field(1, ge=1, description="optimizer steps per generation batch")

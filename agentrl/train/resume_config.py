@@ -17,7 +17,7 @@ from typing import Any
 from agentrl.core.strict import ConfigError
 
 MAY_CHANGE = frozenset({
-    "resume", "output_dir", "max_steps", "save_every", "save_final", "keep_checkpoints", "log_every",
+    "resume", "output_dir", "max_steps", "time_limit_min", "save_every", "save_final", "keep_checkpoints", "log_every",
     "samples_per_log", "report_to", "eval_every", "eval_tasks", "eval_temperature", "distributed_timeout_s",
 })  # fmt: skip
 

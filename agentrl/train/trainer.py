@@ -170,6 +170,7 @@ class Trainer:
         """Run to ``max_steps`` (or a Ctrl-C); returns the last step's headline metrics."""
         cfg, state = self.cfg, self.state
         stopping = False
+        run_start = time.time()
         try:
             with RunLog(self.run_dir, self.accelerator) as log, stop_on_interrupt() as stop, peer_failures(self.accelerator, cfg.distributed_timeout_s):
                 if cfg.eval_every and state.step == 0:  # the "before" number, on the same tasks and seeds
@@ -178,6 +179,7 @@ class Trainer:
                     log.log(0, before)
                 if cfg.warm_start.steps and state.step == 0 and not cfg.resume:
                     self.warm_start_history = self._warm_start()
+                out_of_time = False
                 while state.step < cfg.max_steps and not (stopping := any_rank(self.accelerator, stop.is_set())):
                     t_start = time.perf_counter()
                     drawn = self.draw.next()
@@ -194,6 +196,15 @@ class Trainer:
                         t_start = time.perf_counter()
                         if state.step >= cfg.max_steps or (stopping := any_rank(self.accelerator, stop.is_set())):
                             break
+                        if (out_of_time := self._past_time_limit(run_start)):
+                            break
+                    if out_of_time:
+                        break
+                if out_of_time and not stopping:
+                    saved = self._checkpoint_dir() if self._saved_now() else self.save()
+                    if self.is_main:
+                        print(f"time limit: stopped after step {state.step} of {cfg.max_steps} at {(time.time() - run_start) / 60:.1f} min "
+                              f"(time_limit_min={cfg.time_limit_min:g}), checkpoint {saved}; continue with resume=latest output_dir={self.run_dir}", flush=True)
                 if stopping:
                     self.interrupted = True
                     saved = self._checkpoint_dir() if self._saved_now() else self.save()
@@ -208,6 +219,12 @@ class Trainer:
         if cfg.report_to:
             self.accelerator.end_training()
         return state.history[-1] if state.history else {}
+
+    def _past_time_limit(self, run_start: float) -> bool:
+        """Whether ``time_limit_min`` has passed since ``train()`` began (every rank agrees: one
+        rank's clock decides for all, through the same collective as a Ctrl-C)."""
+        limit = self.cfg.time_limit_min
+        return limit is not None and any_rank(self.accelerator, time.time() - run_start > 60 * limit)
 
     def _warm_start(self) -> list[dict[str, Any]]:
         """``warm_start.steps`` supervised steps on demonstrations, through a learner of their own
