@@ -276,14 +276,15 @@ def main() -> None:
     parser.add_argument("--child", choices=BACKENDS, help=argparse.SUPPRESS)
     parser.add_argument("--json-out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--log", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--model", type=Path, help="a plain model folder (default: SmolLM2-135M-Instruct, converted once); "
+                        "for a LoRA checkpoint, a merged copy (Trainer.save_model(merged=True))")
     args = parser.parse_args()
 
     if args.child:
         args.json_out.write_text(json.dumps(run_backend(args)))
         return
 
-    model = smollm2_folder()
+    model = args.model or smollm2_folder()
     load = os.getloadavg()
     started = datetime.datetime.now(datetime.timezone.utc)
     env = dict(os.environ)
@@ -313,7 +314,7 @@ def main() -> None:
         f"- machine: {platform.platform()}, {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {versions()}",
         f"- load average at start (1/5/15 min): {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}"
         + (" — **shared machine**: other processes were using the CPU" if load[0] > 1 else ""),
-        f"- model: SmolLM2-135M-Instruct ({args.dtype}, CPU), agentrl ChatML + tools template; calculator test tasks; "
+        f"- model: {'SmolLM2-135M-Instruct' if args.model is None else args.model} ({args.dtype}, CPU), agentrl ChatML + tools template; calculator test tasks; "
         f"{args.episodes} episodes per rollout, all in flight; temperature {args.temperature:g}, seed {args.seed}; "
         f"{args.max_tokens_per_turn} tokens per turn, {args.max_completion_tokens} per episode; {args.rounds} round(s) x "
         f"{args.repeats} timed rollout(s) per backend; transformers: {threads} torch thread(s); vLLM: "

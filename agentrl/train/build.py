@@ -92,7 +92,7 @@ def start_run(cfg: TrainConfig) -> tuple[Any, Path, bool]:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(cfg.output_dir or f"runs/{cfg.env.replace('/', '_').replace(':', '_')}-{stamp}")
     cuda = torch.cuda.is_available()
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+    bf16 = compute_bf16(cfg)
     _forget_other_precision("bf16" if bf16 else "no")
     # cpu=True without CUDA: under torchrun/accelerate launch that is gloo data parallel (else one process)
     accelerator = Accelerator(
@@ -100,11 +100,34 @@ def start_run(cfg: TrainConfig) -> tuple[Any, Path, bool]:
         kwargs_handlers=accelerator_handlers(cfg.distributed_timeout_s),
     )
     if accelerator.is_main_process:  # rank 0 alone writes logs, samples, checkpoints, the curve
+        if bf16 and not cuda and not cpu_has_native_bf16():
+            print(
+                "warning: precision=bf16 on a CPU without native bf16 (no AVX512-BF16 or AMX): torch emulates it, and a matrix "
+                "product ran ~36x slower than in fp32 on such a CPU (docs/training.md); precision=auto computes in fp32 here",
+                flush=True,
+            )
         open_run(run_dir, cfg.resume)
         (run_dir / "config.json").write_text(json.dumps(cfg.model_dump(), indent=2) + "\n")
     if cfg.report_to:
         accelerator.init_trackers("agentrl", config=flat_hparams(json.loads(json.dumps(cfg.model_dump(), default=str))))
     return accelerator, run_dir, bf16
+
+
+def compute_bf16(cfg: TrainConfig) -> bool:
+    """The run's precision rule, one place for the trainer and the generator ranks: ``bf16`` as set;
+    ``auto`` is bf16 on a GPU that has it and fp32 on a CPU (bf16 there is a win only where the CPU
+    computes it natively, and a different result on every other machine)."""
+    cuda = torch.cuda.is_available()
+    return cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN computes bf16 natively on this CPU (AVX512-BF16 or AMX); without it torch emulates
+    bf16 matrix products, far slower than fp32."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the probe: assume nothing
+        return False
 
 
 def _forget_other_precision(mixed_precision: str) -> None:

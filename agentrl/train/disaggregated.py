@@ -37,6 +37,7 @@ from agentrl.compute.parallel.layout import DisaggregatedError, LayoutError, Lin
 from agentrl.core.trajectory import TrajectoryGroup
 from agentrl.generators import WeightUpdate, build_generator, run_with
 from agentrl.generators.remote import ReceivedWeights, RemoteGenerators, apply_weights, receive_weights
+from agentrl.train.build import compute_bf16
 from agentrl.train.config import TrainConfig
 
 
@@ -49,12 +50,6 @@ def trainer_links(cfg: TrainConfig) -> Links | None:
     if links.roles.is_generator:
         raise LayoutError(f"{links.roles.name()} generates: it runs agentrl.train.disaggregated.serve (agentrl train does), not a Trainer")
     return links
-
-
-def compute_bf16(cfg: TrainConfig) -> bool:
-    """The trainer's precision rule (``start_run``), for a generator rank that starts no accelerator."""
-    cuda = torch.cuda.is_available()
-    return cfg.precision == "bf16" or (cfg.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
 
 
 class RemoteRollouts:
